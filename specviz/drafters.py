@@ -1,0 +1,116 @@
+"""Drafters: propose up to γ tokens and the full q distribution each was drawn from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specviz.kv import CachedLM
+from specviz.sampling import SamplingConfig, logits_to_probs, sample_from
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A drafter's proposal: the new tokens only, and always their full q rows."""
+
+    tokens: tuple[int, ...]  # (k,) with k <= γ; k may be 0 (nothing worth drafting)
+    q: torch.Tensor  # (k, V) the draft distribution each token was drawn from
+
+
+class DraftSession(Protocol):
+    """A drafter bound to one request (owns that request's state, e.g. a KV cache)."""
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft: ...
+
+
+class Drafter(Protocol):
+    """Stateless factory of draft sessions; the engine never looks inside."""
+
+    name: str
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession: ...
+
+
+def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad or cut q's last dim to the target's vocabulary (padded embedding rows differ by model)."""
+    v = q.shape[-1]
+    if v == vocab_size:
+        return q
+    if v > vocab_size:
+        q = q[..., :vocab_size]
+        return q / q.sum(dim=-1, keepdim=True)
+    return torch.nn.functional.pad(q, (0, vocab_size - v))
+
+
+class _ModelDraftSession:
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int) -> None:
+        self.lm = CachedLM(model)
+        self.sampling = sampling
+        self.vocab_size = vocab_size
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+        seq = list(ids)
+        rows: list[torch.Tensor] = []
+        for _ in range(gamma):
+            q = _fit_vocab(logits_to_probs(self.lm.logits(seq, 1)[0], self.sampling), self.vocab_size)  # (V,)
+            x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
+            rows.append(q)
+            seq.append(x)
+        q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
+        return Draft(tuple(seq[len(ids):]), q_all)
+
+
+@dataclass(frozen=True)
+class ModelDrafter:
+    """A small causal LM drafts autoregressively with its own per-request KV cache."""
+
+    model: torch.nn.Module
+    name: str = "model"
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
+        session = _ModelDraftSession(self.model, sampling, vocab_size)
+        session.lm.prefill(prompt_ids)
+        return session
+
+
+def find_ngram_continuation(ids: Sequence[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
+    """Up to k ids that followed the latest earlier occurrence of the longest matching suffix n-gram."""
+    n_ids = len(ids)
+    for n in range(min(max_ngram, n_ids - 1), min_ngram - 1, -1):
+        suffix = list(ids[n_ids - n :])
+        # scan right to left: the most recent match is most likely to continue the same way
+        for start in range(n_ids - n - 1, -1, -1):
+            if list(ids[start : start + n]) == suffix:
+                follow = list(ids[start + n : start + n + k])
+                if follow:
+                    return follow
+    return []
+
+
+@dataclass(frozen=True)
+class _NgramSession:
+    max_ngram: int
+    min_ngram: int
+    vocab_size: int
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+        tokens = find_ngram_continuation(ids, self.max_ngram, self.min_ngram, gamma)
+        q = torch.zeros(len(tokens), self.vocab_size)  # (k, V) one-hot: the lookup is certain
+        if tokens:
+            q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return Draft(tuple(tokens), q)
+
+
+@dataclass(frozen=True)
+class NgramDrafter:
+    """Prompt lookup: copy what followed the same n-gram earlier in the text (no second model)."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+    name: str = "ngram"
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
+        return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)

@@ -1,0 +1,293 @@
+"""Speculative and target-only generation, yielding one frozen RoundTrace per round."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from specviz.drafters import Draft, Drafter
+from specviz.kv import CachedLM
+from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, verify_draft
+
+NextOrigin = Literal["correction", "bonus", "target"]
+StopReason = Literal["eos", "max_new_tokens"]
+GAMMA_RANGE = (1, 16)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One run's settings; frozen so it doubles as a cache key."""
+
+    max_new_tokens: int = 64  # stop after this many new tokens (EOS may stop earlier)
+    gamma: int = 4  # draft length γ: tokens the drafter proposes per round
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # same transform for p and q
+    trace_top_n: int = 20  # keep only this many entries of p, q and the residual per round
+    stop_at_eos: bool = True  # stop at the tokenizer's end ids
+
+    def __post_init__(self) -> None:
+        lo, hi = GAMMA_RANGE
+        if not lo <= self.gamma <= hi:
+            raise ValueError(f"gamma (draft length) must be in {lo}..{hi}, got {self.gamma}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class TopDist:
+    """The top entries of one distribution over the vocabulary."""
+
+    ids: tuple[int, ...]
+    probs: tuple[float, ...]
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    """Everything one round decided, as plain CPU data (the views only read these)."""
+
+    index: int  # 0-based round number
+    position: int  # new tokens generated before this round
+    draft_ids: tuple[int, ...]  # what the drafter proposed (empty for target-only steps)
+    draft_texts: tuple[str, ...]
+    p_draft: tuple[float, ...]  # target probability p_i(x_i) of each drafted token
+    q_draft: tuple[float, ...]  # draft probability q_i(x_i) of each drafted token
+    accept_probs: tuple[float, ...]  # min(1, p_i/q_i)
+    uniforms: tuple[float, ...]  # u_i drawn; token i accepted while u_i < accept_probs[i]
+    accepted: tuple[bool, ...]  # per drafted token: part of the accepted prefix
+    n_accepted: int
+    next_id: int  # the target's own token: a correction, a bonus, or a plain target step
+    next_text: str
+    next_origin: NextOrigin
+    p_top: TopDist | None  # target p at the decision position (first rejection, or bonus)
+    q_top: TopDist | None  # draft q there (None for a bonus or a target-only step)
+    residual_top: TopDist | None  # what next_id was drawn from: norm(max(0, p-q)) or p
+    draft_ms: float
+    verify_ms: float  # target forward + acceptance rule
+
+    @property
+    def new_ids(self) -> tuple[int, ...]:
+        return self.draft_ids[: self.n_accepted] + (self.next_id,)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A whole run: the new tokens, their text, every round and the totals."""
+
+    kind: Literal["speculative", "autoregressive"]
+    drafter: str  # "model", "ngram" or "none"
+    config: GenerationConfig
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]  # new ids, EOS included when it stopped the run
+    text: str  # decoded new text, special tokens skipped
+    rounds: tuple[RoundTrace, ...]
+    prefill_ms: float  # both models reading the prompt (not counted per token)
+    decode_ms: float  # wall time of all rounds
+    stop_reason: StopReason
+
+    @property
+    def target_calls(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def drafted(self) -> int:
+        return sum(len(r.draft_ids) for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.n_accepted for r in self.rounds)
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.decode_ms / max(1, len(self.tokens))
+
+
+class TokenTexts:
+    """Decodes single ids for traces, memoised per request (cheap repeated lookups)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, ids: Sequence[int]) -> tuple[str, ...]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.memo]
+        if missing:
+            for i, text in zip(missing, self.tokenizer.batch_decode([[i] for i in missing])):
+                self.memo[i] = text
+        return tuple(self.memo[i] for i in ids)
+
+
+def top_dist(probs: torch.Tensor, n: int, texts: TokenTexts) -> TopDist:
+    """Top-n entries of a (V,) distribution, zero entries dropped."""
+    values, ids = torch.topk(probs, min(n, probs.shape[-1]))
+    keep = values > 0
+    ids_l, vals_l = ids[keep].tolist(), values[keep].tolist()
+    return TopDist(tuple(ids_l), tuple(vals_l), texts(ids_l))
+
+
+def _ms_since(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _round_trace(
+    index: int, position: int, draft: Draft, p: torch.Tensor, v: Verdict, texts: TokenTexts,
+    top_n: int, draft_ms: float, verify_ms: float,
+) -> RoundTrace:
+    """Pack one round's tensors into plain data (top-n only: tracing must stay cheap)."""
+    k, n = len(draft.tokens), v.n_accepted
+    idx, toks = torch.arange(k), torch.tensor(draft.tokens, dtype=torch.long)
+    rejected = n < k
+    return RoundTrace(
+        index=index,
+        position=position,
+        draft_ids=draft.tokens,
+        draft_texts=texts(draft.tokens),
+        p_draft=tuple(p[idx, toks].tolist()) if k else (),
+        q_draft=tuple(draft.q[idx, toks].tolist()) if k else (),
+        accept_probs=v.accept_probs,
+        uniforms=v.uniforms,
+        accepted=tuple(i < n for i in range(k)),
+        n_accepted=n,
+        next_id=v.next_token,
+        next_text=texts([v.next_token])[0],
+        next_origin=v.next_origin if k else "target",
+        p_top=top_dist(p[n], top_n, texts),
+        q_top=top_dist(draft.q[n], top_n, texts) if rejected else None,
+        residual_top=top_dist(v.residual, top_n, texts),
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+    )
+
+
+def _finish(new_ids: list[int], budget: int, eos: frozenset[int]) -> tuple[list[int], StopReason | None]:
+    """Cut a round's new ids at EOS (kept) or at the token budget."""
+    for i, t in enumerate(new_ids[:budget]):
+        if t in eos:
+            return new_ids[: i + 1], "eos"
+    if len(new_ids) >= budget:
+        return new_ids[:budget], "max_new_tokens"
+    return new_ids, None
+
+
+GenIter = Generator[RoundTrace, None, Generation]
+
+
+def speculative_generate(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    eos_ids: Sequence[int] = (),
+    gamma_policy: Callable[[Sequence[RoundTrace]], int] | None = None,
+) -> GenIter:
+    """Draft γ tokens, verify them in one target pass, keep the agreed prefix plus one token.
+
+    Yields a RoundTrace after every round and returns the Generation. Greedy output is
+    token-identical to `autoregressive_generate`; sampled output follows the target's p.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    sampling = config.sampling
+    gen = sampling.make_generator()
+    texts = TokenTexts(tokenizer)
+    eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
+    vocab = target.config.vocab_size  # p and q must share it
+    ids, rounds = list(prompt_ids), []
+    stop: StopReason | None = None
+
+    t0 = time.perf_counter()
+    target_lm = CachedLM(target)
+    target_lm.prefill(ids)
+    session = drafter.start(ids, sampling, vocab)
+    prefill_ms, t_decode = _ms_since(t0), time.perf_counter()
+
+    while stop is None:
+        produced = len(ids) - len(prompt_ids)
+        budget = config.max_new_tokens - produced
+        gamma = gamma_policy(rounds) if gamma_policy else config.gamma
+        k_max = max(0, min(gamma, budget - 1))  # never draft past the budget: the target adds one anyway
+
+        t = time.perf_counter()
+        draft = session.propose(ids, k_max, gen) if k_max else Draft((), torch.zeros(0, vocab))
+        draft_ms = _ms_since(t)
+
+        t = time.perf_counter()
+        p = logits_to_probs(target_lm.logits(ids + list(draft.tokens), len(draft.tokens) + 1), sampling)  # (k+1, V)
+        verdict = verify_draft(p, draft.q.to(p.device), torch.tensor(draft.tokens, dtype=torch.long, device=p.device), gen)
+        verify_ms = _ms_since(t)
+
+        trace = _round_trace(len(rounds), produced, draft, p.cpu(), verdict, texts, config.trace_top_n, draft_ms, verify_ms)
+        new_ids, stop = _finish(list(trace.new_ids), budget, eos)
+        ids.extend(new_ids)
+        rounds.append(trace)
+        yield trace
+
+    new = tuple(ids[len(prompt_ids):])
+    return Generation(
+        kind="speculative", drafter=drafter.name, config=config, prompt_ids=tuple(prompt_ids), tokens=new,
+        text=tokenizer.decode(list(new), skip_special_tokens=True), rounds=tuple(rounds),
+        prefill_ms=prefill_ms, decode_ms=_ms_since(t_decode), stop_reason=stop,
+    )
+
+
+def autoregressive_generate(
+    target: torch.nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    eos_ids: Sequence[int] = (),
+) -> GenIter:
+    """The baseline: one target pass per token, same sampling transform and seed semantics.
+
+    Each step is a RoundTrace with an empty draft and origin "target".
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    sampling = config.sampling
+    gen = sampling.make_generator()
+    texts = TokenTexts(tokenizer)
+    eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
+    ids, rounds = list(prompt_ids), []
+    stop: StopReason | None = None
+    no_draft = Draft((), torch.zeros(0, target.config.vocab_size))
+
+    t0 = time.perf_counter()
+    target_lm = CachedLM(target)
+    target_lm.prefill(ids)
+    prefill_ms, t_decode = _ms_since(t0), time.perf_counter()
+
+    while stop is None:
+        produced = len(ids) - len(prompt_ids)
+        t = time.perf_counter()
+        p = logits_to_probs(target_lm.logits(ids, 1), sampling)  # (1, V)
+        # an empty draft makes the rule draw straight from p: the same code path as a bonus token
+        verdict = verify_draft(p, no_draft.q, torch.zeros(0, dtype=torch.long), gen)
+        verify_ms = _ms_since(t)
+        trace = _round_trace(len(rounds), produced, no_draft, p.cpu(), verdict, texts, config.trace_top_n, 0.0, verify_ms)
+        new_ids, stop = _finish([verdict.next_token], config.max_new_tokens - produced, eos)
+        ids.extend(new_ids)
+        rounds.append(trace)
+        yield trace
+
+    new = tuple(ids[len(prompt_ids):])
+    return Generation(
+        kind="autoregressive", drafter="none", config=config, prompt_ids=tuple(prompt_ids), tokens=new,
+        text=tokenizer.decode(list(new), skip_special_tokens=True), rounds=tuple(rounds),
+        prefill_ms=prefill_ms, decode_ms=_ms_since(t_decode), stop_reason=stop,
+    )
+
+
+def run_to_end(steps: GenIter, on_round: Callable[[RoundTrace], None] | None = None) -> Generation:
+    """Drain a generation iterator and return its Generation (calling on_round for each round)."""
+    while True:
+        try:
+            trace = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_round:
+            on_round(trace)
+

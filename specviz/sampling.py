@@ -1,0 +1,116 @@
+"""Logits -> probabilities (temperature, top-k, top-p) and the speculative acceptance rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Mode = Literal["greedy", "sample"]
+Origin = Literal["correction", "bonus"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen; applied identically to target and draft (a cache key too)."""
+
+    mode: Mode = "greedy"  # greedy = argmax (one-hot p and q); sample = draw from the tempered p
+    temperature: float = 1.0  # divides the logits in sample mode; must be > 0
+    top_k: int = 0  # keep only the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1.0 keeps all
+    seed: int = 0  # seeds the torch.Generator of one request; uniforms are recorded for replay
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("greedy", "sample"):
+            raise ValueError(f"mode must be 'greedy' or 'sample', not {self.mode!r}")
+        if self.mode == "sample" and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.mode == "greedy"
+
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A fresh generator for one request: never the global RNG (models are shared)."""
+        return torch.Generator(device=device).manual_seed(self.seed)
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Turn raw logits (..., V) into the distribution the rule sees (..., V), float32.
+
+    Greedy gives a one-hot at the argmax, so the acceptance rule below reduces to
+    "accept if the draft's token is the target's argmax".
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        probs = torch.zeros_like(logits)
+        return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        logits = _top_p_filter(logits, cfg.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask tokens outside the smallest most-likely set whose mass reaches top_p."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    # drop a token when the mass before it already reaches top_p (the top token always stays)
+    drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target decided about one draft; all plain CPU data except `residual`."""
+
+    n_accepted: int  # length of the accepted prefix of the draft
+    next_token: int  # the target's own token appended after the accepted prefix
+    next_origin: Origin  # "correction" (from the residual at a rejection) or "bonus" (all accepted)
+    accept_probs: tuple[float, ...]  # min(1, p_i(x_i)/q_i(x_i)) for every drafted position
+    uniforms: tuple[float, ...]  # u_i drawn for every drafted position; accepted while u_i < accept_prob_i
+    residual: torch.Tensor  # (V,) the distribution next_token was drawn from
+
+
+def verify_draft(
+    p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator
+) -> Verdict:
+    """The speculative sampling rule (Leviathan et al. 2022; Chen et al. 2023).
+
+    Letters never switch in specviz: `p` is always the TARGET, `q` always the DRAFT.
+    p: (γ+1, V) target probs at each drafted position and one after; q: (γ, V) draft probs;
+    draft_tokens: (γ,) ids drawn from q. Accept x_i with probability min(1, p_i(x_i)/q_i(x_i));
+    at the first rejection draw from norm(max(0, p_i - q_i)); if all pass draw a bonus from p_γ.
+    """
+    gamma = draft_tokens.shape[0]
+    idx = torch.arange(gamma, device=p.device)
+    p_x = p[idx, draft_tokens]  # (γ,)
+    q_x = q[idx, draft_tokens]  # (γ,)
+    accept = torch.where(q_x > 0, (p_x / q_x.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(p_x))
+    u = torch.rand(gamma, generator=generator, device=p.device)  # (γ,)
+    rejected = (u >= accept).nonzero()
+    n = int(rejected[0]) if rejected.numel() else gamma
+    if n < gamma:
+        residual = (p[n] - q[n]).clamp_min(0.0)  # (V,)
+        total = residual.sum()
+        # p == q up to rounding leaves nothing: the rejection then had probability ~0, fall back to p
+        residual = residual / total if total > 1e-12 else p[n]
+        origin: Origin = "correction"
+    else:
+        residual, origin = p[gamma], "bonus"
+    next_token = int(torch.multinomial(residual, 1, generator=generator))
+    return Verdict(n, next_token, origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one id from a (V,) distribution (one-hot in greedy mode, so exactly the argmax)."""
+    return int(torch.multinomial(probs, 1, generator=generator))
