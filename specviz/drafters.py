@@ -46,19 +46,31 @@ def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class _ModelDraftSession:
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int, min_confidence: float) -> None:
         self.lm = CachedLM(model)
         self.sampling = sampling
         self.vocab_size = vocab_size
+        self.min_confidence = min_confidence
+
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        """The draft's own belief in x: q(x) when sampling; softmax(logits)(x) when q is one-hot."""
+        if not self.sampling.greedy:
+            return float(q[x])
+        return float(torch.softmax(logits, dim=-1)[x])
 
     def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
         seq = list(ids)
         rows: list[torch.Tensor] = []
         for _ in range(gamma):
-            q = _fit_vocab(logits_to_probs(self.lm.logits(seq, 1)[0], self.sampling), self.vocab_size)  # (V,)
+            logits = self.lm.logits(seq, 1)[0]  # (V_draft,)
+            q = _fit_vocab(logits_to_probs(logits, self.sampling), self.vocab_size)  # (V,)
             x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
             rows.append(q)
             seq.append(x)
+            # like transformers' assistant_confidence_threshold: an unsure draft stops after this token,
+            # since the tokens after it would most likely be rejected anyway
+            if self.min_confidence and self._confidence(logits, q, x) < self.min_confidence:
+                break
         q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
         return Draft(tuple(seq[len(ids):]), q_all)
 
@@ -68,10 +80,11 @@ class ModelDrafter:
     """A small causal LM drafts autoregressively with its own per-request KV cache."""
 
     model: torch.nn.Module
+    min_confidence: float = 0.0  # stop drafting after a token the draft itself rates below this (0 = never)
     name: str = "model"
 
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
-        session = _ModelDraftSession(self.model, sampling, vocab_size)
+        session = _ModelDraftSession(self.model, sampling, vocab_size, self.min_confidence)
         session.lm.prefill(prompt_ids)
         return session
 
@@ -114,3 +127,16 @@ class NgramDrafter:
 
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
         return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)
+
+
+DRAFTER_KINDS = ("model", "ngram")
+ADAPTIVE_MIN_CONFIDENCE = 0.4  # transformers' default assistant_confidence_threshold
+
+
+def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False) -> Drafter:
+    """The drafter the CLI, the app and the benchmark use, by name."""
+    if kind == "ngram":
+        return NgramDrafter()
+    if kind != "model" or draft_model is None:
+        raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
+    return ModelDrafter(draft_model, min_confidence=ADAPTIVE_MIN_CONFIDENCE if adaptive else 0.0)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import torch
 
+from specviz.adaptive import AdaptiveGamma
 from specviz.drafters import Draft, Drafter
 from specviz.kv import CachedLM
 from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, verify_draft
@@ -23,7 +24,8 @@ class GenerationConfig:
     """One run's settings; frozen so it doubles as a cache key."""
 
     max_new_tokens: int = 64  # stop after this many new tokens (EOS may stop earlier)
-    gamma: int = 4  # draft length γ: tokens the drafter proposes per round
+    gamma: int = 4  # draft length γ: tokens the drafter proposes per round (the ceiling when adaptive)
+    adaptive: bool = False  # let AdaptiveGamma pick 0..γ each round from measured throughput
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # same transform for p and q
     trace_top_n: int = 20  # keep only this many entries of p, q and the residual per round
     stop_at_eos: bool = True  # stop at the tokenizer's end ids
@@ -198,6 +200,8 @@ def speculative_generate(
     vocab = target.config.vocab_size  # p and q must share it
     ids, rounds = list(prompt_ids), []
     stop: StopReason | None = None
+    if gamma_policy is None and config.adaptive:
+        gamma_policy = AdaptiveGamma(max_gamma=config.gamma).new_policy()
 
     t0 = time.perf_counter()
     target_lm = CachedLM(target)

@@ -1,0 +1,96 @@
+"""The adaptive draft-length policy: decisions from measured rounds, and losslessness end to end."""
+
+import pytest
+
+from specviz.adaptive import AdaptiveGamma
+from specviz.drafters import ModelDrafter, make_drafter
+from specviz.engine import GenerationConfig, RoundTrace, autoregressive_generate, run_to_end, speculative_generate
+from specviz.sampling import SamplingConfig
+from tests.test_engine import PROMPT, TOK, WrongDrafter, tiny_lm
+
+
+def _round(k: int, n: int, draft_ms: float, verify_ms: float) -> RoundTrace:
+    return RoundTrace(
+        index=0, position=0, draft_ids=(1,) * k, draft_texts=("a",) * k, p_draft=(0.5,) * k, q_draft=(0.5,) * k,
+        accept_probs=(1.0,) * k, uniforms=(0.1,) * k, accepted=tuple(i < n for i in range(k)), n_accepted=n,
+        next_id=2, next_text="b", next_origin="target" if k == 0 else "correction", p_top=None, q_top=None,
+        residual_top=None, draft_ms=draft_ms, verify_ms=verify_ms,
+    )
+
+
+def _drive(policy, outcome, rounds_n=60):
+    """Feed the policy rounds whose cost/benefit comes from outcome(gamma); return the gammas chosen."""
+    rounds, gammas = [], []
+    for _ in range(rounds_n):
+        g = policy(rounds)
+        gammas.append(g)
+        rounds.append(outcome(g))
+    return gammas
+
+
+def test_first_round_is_a_plain_calibration_step():
+    assert AdaptiveGamma().new_policy()([]) == 0
+
+
+def test_keeps_drafting_while_it_pays():
+    # 4 drafted, 4 accepted + 1: 5 tokens for 40 + 200 ms, vs 100 ms per plain step
+    gammas = _drive(AdaptiveGamma(max_gamma=8).new_policy(), lambda g: _round(g and 4, g and 4, 40.0 * bool(g), 200.0 if g else 100.0))
+    assert gammas[0] == 0 and all(g == 8 for g in gammas[1:])
+
+
+def test_switches_off_when_drafting_loses_and_probes_with_backoff():
+    # every draft rejected: 1 token for 40 + 200 ms, vs 100 ms per plain step
+    gammas = _drive(
+        AdaptiveGamma(max_gamma=8, probe_after=4).new_policy(),
+        lambda g: _round(g and 4, 0, 40.0 * bool(g), 200.0 if g else 100.0),
+        rounds_n=80,
+    )
+    drafting_rounds = [i for i, g in enumerate(gammas) if g]
+    assert drafting_rounds[0] == 1  # one losing round after the calibration step switches it off...
+    gaps = [b - a for a, b in zip(drafting_rounds, drafting_rounds[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # ...then ever longer plain stretches between probes
+    assert sum(1 for g in gammas if g) <= 8
+
+
+def test_a_successful_probe_turns_drafting_back_on():
+    state = {"good": False}
+
+    def outcome(g):
+        return _round(g and 4, 4 if state["good"] else 0, 40.0 * bool(g), 200.0 if g else 100.0)
+
+    policy = AdaptiveGamma(max_gamma=8, probe_after=4).new_policy()
+    rounds = []
+    for _ in range(20):
+        rounds.append(outcome(policy(rounds)))
+    state["good"] = True
+    gammas = []
+    for _ in range(30):
+        g = policy(rounds)
+        gammas.append(g)
+        rounds.append(outcome(g))
+    assert gammas[-10:] == [8] * 10
+
+
+@pytest.mark.parametrize("drafter_kind", ["right", "wrong", "other"])
+def test_adaptive_greedy_is_lossless(drafter_kind):
+    target = tiny_lm(0)
+    drafter = {
+        "right": ModelDrafter(target, min_confidence=0.4),
+        "wrong": WrongDrafter(target),
+        "other": make_drafter("model", tiny_lm(1), adaptive=True),
+    }[drafter_kind]
+    cfg = GenerationConfig(max_new_tokens=60, gamma=8, adaptive=True, sampling=SamplingConfig("greedy"))
+    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, cfg))
+    spec = run_to_end(speculative_generate(target, drafter, TOK, PROMPT, cfg))
+    assert spec.tokens == base.tokens
+    assert not spec.rounds[0].draft_ids  # the calibration step
+    assert max(len(r.draft_ids) for r in spec.rounds) <= 8
+
+
+def test_confidence_stop_shortens_drafts():
+    target, draft = tiny_lm(0), tiny_lm(1)
+    cfg = GenerationConfig(max_new_tokens=40, gamma=8, sampling=SamplingConfig("greedy"))
+    full = run_to_end(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
+    short = run_to_end(speculative_generate(target, ModelDrafter(draft, min_confidence=0.99), TOK, PROMPT, cfg))
+    assert short.tokens == full.tokens
+    assert short.drafted / len(short.rounds) < full.drafted / len(full.rounds)

