@@ -194,7 +194,7 @@ def speculative_generate(
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     sampling = config.sampling
-    gen = sampling.make_generator()
+    gen = sampling.make_generator(target.device)  # rand/multinomial need it on the tensors' device
     texts = TokenTexts(tokenizer)
     eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
     vocab = target.config.vocab_size  # p and q must share it
@@ -252,7 +252,7 @@ def autoregressive_generate(
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     sampling = config.sampling
-    gen = sampling.make_generator()
+    gen = sampling.make_generator(target.device)  # rand/multinomial need it on the tensors' device
     texts = TokenTexts(tokenizer)
     eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
     ids, rounds = list(prompt_ids), []

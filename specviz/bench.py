@@ -1,0 +1,718 @@
+"""Side-by-side benchmark: our speculative decoding vs transformers' assisted generation vs plain decoding."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import gc
+import html
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from specviz import metrics
+from specviz.drafters import make_drafter
+from specviz.engine import Generation, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from specviz.sampling import SamplingConfig
+
+Mode = Literal["greedy", "sample"]
+Progress = Callable[[float, str], None]
+
+SAMPLE_TEMPERATURE = 0.7  # the sampling mode's temperature (top-k off, top-p 1: the plain tempered p)
+WARMUP_TOKENS = 8  # untimed warm-up run per method before the repeats of each (pair, workload, mode)
+LOOKUP_TOKENS = 10  # hf-lookup's prompt_lookup_num_tokens (transformers' example value); ngram uses it as γ
+MIN_REPEATS = 3  # a median of fewer runs is not a median worth printing
+
+
+class BenchError(ValueError):
+    """A bad benchmark setting, or a run that could not be made fair (one line, for the CLI)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the tables: workloads and methods
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One prompt of the benchmark (raw text, no chat template)."""
+
+    name: str
+    kind: Literal["predictable", "creative"]  # what we expect of draft/target agreement
+    prompt: str
+    copying: bool  # the answer copies text from the prompt: prompt lookup (hf-lookup, ngram) applies
+
+
+_COPY_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at six. He wound the clockwork, "
+    "trimmed the wick and polished the great lens until it shone. Ships passing the rocks at night "
+    "saw the beam sweep the water every ten seconds, and they knew they were safe."
+)
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("code", "predictable", "def fibonacci(n):", False),
+    Workload(
+        "json", "predictable",
+        'A JSON object describing a book, with the keys "title", "author", "year", "isbn" and "genres":\n\n'
+        '{\n  "title": "',
+        False,
+    ),
+    Workload("list", "predictable", "The planets of the solar system, in order:\n1.", False),
+    Workload("copy", "predictable", f"Text: {_COPY_TEXT}\n\nThe same text, repeated word for word:\n", True),
+    Workload("story", "creative", "Once upon a time", False),
+    Workload("poem", "creative", "A short poem about the sea:\n\n", False),
+)
+WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of generating: ours (specviz.engine) or transformers' generate."""
+
+    name: str
+    family: Literal["ours", "hf"]
+    description: str
+    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram"); None = target only
+    gamma: int = 4  # ours: draft length (the ceiling when adaptive)
+    adaptive: bool = False  # ours: AdaptiveGamma + the drafter's confidence stop
+    assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
+    lookup: bool = False  # hf: prompt_lookup_num_tokens=LOOKUP_TOKENS
+    copying_only: bool = False  # run on copying workloads only
+
+
+METHODS: tuple[Method, ...] = (
+    Method("target", "ours", "target alone, one forward per token (autoregressive_generate): the baseline"),
+    Method("spec-g2", "ours", "speculative, model drafter, γ=2", "model", 2),
+    Method("spec-g4", "ours", "speculative, model drafter, γ=4", "model", 4),
+    Method("spec-g8", "ours", "speculative, model drafter, γ=8", "model", 8),
+    Method("spec-adaptive", "ours", "speculative, model drafter, adaptive γ ≤ 8 (confidence stop + throughput switch)",
+           "model", 8, adaptive=True),
+    Method("hf-plain", "hf", "transformers generate, target alone"),
+    Method("hf-assisted", "hf", "transformers assisted generation, assistant_model = the draft (default schedule)",
+           assistant=True),
+    Method("hf-lookup", "hf", f"transformers prompt lookup, prompt_lookup_num_tokens={LOOKUP_TOKENS}",
+           lookup=True, copying_only=True),
+    Method("ngram", "ours", f"speculative, n-gram (prompt lookup) drafter, γ={LOOKUP_TOKENS}", "ngram", LOOKUP_TOKENS,
+           copying_only=True),
+)
+METHODS_BY_NAME = {m.name: m for m in METHODS}
+BASELINE = "target"
+MODES: tuple[Mode, ...] = ("greedy", "sample")
+
+FULL_PAIRS = ("qwen-coder", "smollm2-135m")
+QUICK_PAIRS = ("qwen-coder",)
+QUICK_WORKLOADS = ("code", "list", "story")
+# hf-plain is left out of --quick to stay under 10 minutes on a 2-core CPU (the full run has it)
+QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "hf-assisted")
+QUICK_TOKENS, FULL_TOKENS = 32, 64
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything one `specviz bench` run does (frozen: it is printed with the results)."""
+
+    pairs: tuple[str, ...]  # model pairs, benchmarked one after another (one loaded at a time)
+    workloads: tuple[str, ...]  # names from WORKLOADS
+    methods: tuple[str, ...]  # names from METHODS; always starts with the baseline "target"
+    modes: tuple[Mode, ...]  # greedy and/or sample (T=SAMPLE_TEMPERATURE)
+    repeats: int  # timed runs per method; the table shows their median
+    max_new_tokens: int  # per run (EOS may stop a run earlier; ms/token divides by what was made)
+    out_dir: Path  # where bench-<pair>.{csv,md,html} go
+    device: str | None = None  # "cpu" or "cuda"; None = models.load_pair's choice
+    draft_precision: str | None = None  # "int8" or "fp32"; None = the pair's own default
+    quick: bool = False
+    command: str = ""  # the command line, for the report header
+    temperature: float = SAMPLE_TEMPERATURE
+    warmup_tokens: int = WARMUP_TOKENS
+
+
+def _split_names(text: str | None, known: Sequence[str], what: str) -> tuple[str, ...] | None:
+    """'a,b,c' -> ('a', 'b', 'c'), each checked against the known names (None when not given)."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise BenchError(f"--{what} is empty: choose from {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BenchError(f"unknown {what} {', '.join(map(repr, unknown))}: choose from {', '.join(known)}")
+    return names
+
+
+def make_config(
+    pairs: Sequence[str] | None = None,
+    quick: bool = False,
+    workloads: str | None = None,
+    methods: str | None = None,
+    repeats: int | None = None,
+    max_new_tokens: int | None = None,
+    out_dir: str | Path = "benchmarks",
+    device: str | None = None,
+    draft_precision: str | None = None,
+    command: str = "",
+) -> BenchConfig:
+    """The run's settings from command-line values: --quick picks smaller defaults, explicit values win."""
+    repeats = MIN_REPEATS if repeats is None else repeats
+    if repeats < MIN_REPEATS:
+        raise BenchError(f"--repeats must be >= {MIN_REPEATS} (the table reports medians), got {repeats}")
+    tokens = (QUICK_TOKENS if quick else FULL_TOKENS) if max_new_tokens is None else max_new_tokens
+    if tokens < 1:
+        raise BenchError(f"--max-new-tokens must be >= 1, got {tokens}")
+    wl = _split_names(workloads, list(WORKLOADS_BY_NAME), "workloads") or (QUICK_WORKLOADS if quick else tuple(WORKLOADS_BY_NAME))
+    ms = _split_names(methods, list(METHODS_BY_NAME), "methods") or (QUICK_METHODS if quick else tuple(METHODS_BY_NAME))
+    ms = (BASELINE, *(m for m in ms if m != BASELINE))  # the baseline always runs, and first in each repeat
+    return BenchConfig(
+        pairs=tuple(dict.fromkeys(pairs)) if pairs else (QUICK_PAIRS if quick else FULL_PAIRS),
+        workloads=wl,
+        methods=ms,
+        modes=("greedy",) if quick else MODES,
+        repeats=repeats,
+        max_new_tokens=tokens,
+        out_dir=Path(out_dir),
+        device=device,
+        draft_precision=draft_precision,
+        quick=quick,
+        command=command,
+    )
+
+
+def methods_for(workload: Workload, methods: Sequence[str]) -> tuple[Method, ...]:
+    """The methods that apply to a workload (prompt lookup only where the answer copies the prompt)."""
+    chosen = (METHODS_BY_NAME[m] for m in methods)
+    return tuple(m for m in chosen if workload.copying or not m.copying_only)
+
+
+# ---------------------------------------------------------------------------------------------
+# one timed run
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One timed run of one method (a repeat); the aggregation turns these into BenchRows."""
+
+    pair: str
+    workload: str
+    mode: str
+    method: str
+    repeat: int
+    tokens: tuple[int, ...]  # new ids (EOS included when it stopped the run)
+    ms_per_token: float  # (prefill + decode) / new tokens, the same definition for every method
+    acceptance_rate: float | None = None  # ours with a drafter only
+    tokens_per_target_call: float | None = None  # ours only
+    draft_ms_per_token: float | None = None  # ours with a drafter only
+    target_step_ms: float | None = None  # baseline only: median ms of one target step
+    gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
+    peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) of this process; False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    """VmHWM of this process in MB (None off Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for queued GPU work so wall-clock timings are real."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sampling_config(mode: str, seed: int, temperature: float = SAMPLE_TEMPERATURE) -> SamplingConfig:
+    """Ours: greedy, or the tempered p with top-k off and top-p 1; seeded per repeat."""
+    if mode == "greedy":
+        return SamplingConfig(mode="greedy", seed=seed)
+    return SamplingConfig(mode="sample", temperature=temperature, top_k=0, top_p=1.0, seed=seed)
+
+
+def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, seed: int,
+             max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE) -> Generation:
+    """One run of our engine (target-only, or speculative with the method's drafter)."""
+    cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, gamma=method.gamma, adaptive=method.adaptive,
+        sampling=sampling_config(mode, seed, temperature),
+    )
+    eos = tuple(pair.eos_ids)
+    if method.drafter is None:
+        steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
+    else:
+        drafter = make_drafter(method.drafter, pair.draft if method.drafter == "model" else None, adaptive=method.adaptive)
+        steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
+    gen = run_to_end(steps)
+    _sync(pair.device)
+    return gen
+
+
+# generate() fills every field we leave None from the model's own generation_config; these would
+# change the tokens or the timing, so they must stay unset there (we set the others explicitly)
+_MUST_BE_UNSET = (
+    "min_p", "top_h", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+    "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty", "guidance_scale",
+    "watermarking_config", "stop_strings", "max_time", "penalty_alpha", "dola_layers", "constraints",
+    "force_words_ids", "cache_implementation", "prefill_chunk_size",
+)
+
+
+def hf_generation_config(pair: Any, method: Method, mode: str, max_new_tokens: int,
+                         temperature: float = SAMPLE_TEMPERATURE) -> Any:
+    """An explicit transformers.GenerationConfig: the same decoding rule as ours, nothing from the model's config."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    sample = mode == "sample"
+    pad = pair.tokenizer.pad_token_id
+    cfg = HFGenerationConfig(
+        do_sample=sample,
+        temperature=temperature if sample else 1.0,
+        top_k=0 if sample else None,  # 0 = off (no top-k warper); greedy applies no warper at all
+        top_p=1.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        length_penalty=1.0,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        num_beams=1,
+        num_return_sequences=1,
+        min_length=0,
+        max_new_tokens=max_new_tokens,
+        use_cache=True,
+        eos_token_id=list(pair.eos_ids),
+        pad_token_id=pad if pad is not None else pair.eos_ids[0],
+        prompt_lookup_num_tokens=LOOKUP_TOKENS if method.lookup else None,
+    )
+    for model in (pair.target, pair.draft):
+        model_cfg = getattr(model, "generation_config", None)
+        for key in _MUST_BE_UNSET:
+            if model_cfg is not None and getattr(model_cfg, key, None) not in (None, False) and getattr(cfg, key, None) is None:
+                raise BenchError(f"the model's generation_config sets {key}={getattr(model_cfg, key)!r}; "
+                                 "it would leak into transformers' generate and make the comparison unfair")
+    return cfg
+
+
+def run_hf(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, seed: int,
+           max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE) -> tuple[tuple[int, ...], float]:
+    """One transformers generate call: (new ids, elapsed ms including prefill)."""
+    cfg = hf_generation_config(pair, method, mode, max_new_tokens, temperature)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=pair.device)  # (1, n)
+    extra = {"assistant_model": pair.draft} if method.assistant else {}
+    with torch.inference_mode():
+        if mode == "sample":
+            torch.manual_seed(seed)  # transformers samples from the global RNG (benchmark process only)
+        _sync(pair.device)
+        t0 = time.perf_counter()
+        out = pair.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **extra)
+        _sync(pair.device)
+        elapsed_ms = (time.perf_counter() - t0) * 1000.0
+    return tuple(out[0, ids.shape[1]:].tolist()), elapsed_ms
+
+
+def effective_gamma(method: Method, gen: Generation) -> float | None:
+    """γ for Leviathan's formula: the configured γ, or (adaptive, n-gram) the mean drafted per drafting round."""
+    if method.drafter is None:
+        return None
+    if method.drafter == "model" and not method.adaptive:
+        return float(method.gamma)
+    drafted = [len(r.draft_ids) for r in gen.rounds if r.draft_ids]
+    return statistics.mean(drafted) if drafted else None
+
+
+def measure(pair: Any, pair_name: str, workload: Workload, method: Method, prompt_ids: Sequence[int],
+            mode: str, repeat: int, max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE) -> RunRecord:
+    """One timed, recorded run (seed = repeat index, so every method sees the same seeds)."""
+    reset_peak_rss()
+    key = dict(pair=pair_name, workload=workload.name, mode=mode, method=method.name, repeat=repeat)
+    if method.family == "hf":
+        tokens, ms = run_hf(pair, method, prompt_ids, mode, repeat, max_new_tokens, temperature)
+        return RunRecord(**key, tokens=tokens, ms_per_token=ms / max(1, len(tokens)), peak_rss_mb=peak_rss_mb())
+    gen = run_ours(pair, method, prompt_ids, mode, repeat, max_new_tokens, temperature)
+    rss = peak_rss_mb()
+    return RunRecord(
+        **key,
+        tokens=gen.tokens,
+        ms_per_token=(gen.prefill_ms + gen.decode_ms) / max(1, len(gen.tokens)),
+        acceptance_rate=metrics.acceptance_rate(gen.rounds) if method.drafter else None,
+        tokens_per_target_call=metrics.tokens_per_target_call(gen.rounds),
+        draft_ms_per_token=metrics.draft_ms_per_token(gen.rounds) if method.drafter else None,
+        target_step_ms=metrics.target_ms_per_step(gen) if method.drafter is None else None,
+        gamma=effective_gamma(method, gen),
+        peak_rss_mb=rss,
+    )
+
+
+def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float) -> None:
+    """An untimed short run: lazy set-up and first touches of the weights are not billed to a repeat."""
+    if method.family == "hf":
+        run_hf(pair, method, prompt_ids, mode, 0, tokens, temperature)
+    else:
+        run_ours(pair, method, prompt_ids, mode, 0, tokens, temperature)
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation: repeats -> one row per (pair, workload, mode, method)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One line of the table: medians over the repeats, speed-up against the baseline of the same run."""
+
+    pair: str
+    workload: str
+    kind: str  # predictable / creative
+    mode: str
+    method: str
+    family: str  # ours / hf
+    repeats: int
+    new_tokens: float  # median new tokens per run
+    ms_per_token: float  # median of (prefill + decode) / new tokens
+    ms_per_token_min: float
+    ms_per_token_max: float
+    tokens_per_s: float  # 1000 / median ms per token
+    speedup: float | None  # median ms/token of target-only (ours) / median ms/token of this method
+    acceptance_rate: float | None  # median α over the repeats (ours with a drafter)
+    tokens_per_target_call: float | None  # median (ours)
+    c: float | None  # median measured c: draft ms per token / target ms per step (same repeat)
+    expected_speedup: float | None  # Leviathan: from the median α, γ and c
+    gamma: float | None  # configured γ, or the median mean drafted per drafting round
+    peak_rss_mb: float | None  # the highest VmHWM over the repeats
+    identical_to_baseline: bool | None  # greedy: every repeat's tokens == ours target-only tokens
+    identical_to_hf_plain: bool | None  # greedy, hf-* rows: every repeat's tokens == hf-plain's
+
+
+CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _all_equal(records: Sequence[RunRecord], reference: dict[int, RunRecord]) -> bool | None:
+    """True when every repeat's tokens equal the reference run of the same repeat (None: nothing to compare)."""
+    pairs = [(r, reference[r.repeat]) for r in records if r.repeat in reference]
+    if not pairs:
+        return None
+    return all(r.tokens == ref.tokens for r, ref in pairs)
+
+
+def _method_order(name: str) -> int:
+    names = list(METHODS_BY_NAME)
+    return names.index(name) if name in names else len(names)
+
+
+def aggregate(records: Sequence[RunRecord]) -> list[BenchRow]:
+    """Group the runs by (pair, workload, mode, method); medians, speed-ups and identity checks."""
+    groups: dict[tuple[str, str, str], list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault((r.pair, r.workload, r.mode), []).append(r)
+    rows: list[BenchRow] = []
+    for (pair, workload, mode), recs in groups.items():
+        by_method: dict[str, list[RunRecord]] = {}
+        for r in recs:
+            by_method.setdefault(r.method, []).append(r)
+        base = {r.repeat: r for r in by_method.get(BASELINE, [])}
+        hf_plain = {r.repeat: r for r in by_method.get("hf-plain", [])}
+        base_ms = _median(r.ms_per_token for r in base.values())
+        for method in sorted(by_method, key=_method_order):
+            rows.append(_row(pair, workload, mode, method, by_method[method], base, hf_plain, base_ms))
+    return rows
+
+
+def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord],
+         base: dict[int, RunRecord], hf_plain: dict[int, RunRecord], base_ms: float | None) -> BenchRow:
+    spec = METHODS_BY_NAME.get(method)
+    wl = WORKLOADS_BY_NAME.get(workload)
+    ms = statistics.median(r.ms_per_token for r in recs)
+    alpha = _median(r.acceptance_rate for r in recs)
+    cs = [r.draft_ms_per_token / base[r.repeat].target_step_ms for r in recs
+          if r.draft_ms_per_token is not None and r.repeat in base and base[r.repeat].target_step_ms]
+    c = statistics.median(cs) if cs else None
+    gamma = _median(r.gamma for r in recs)
+    expected = metrics.expected_speedup(alpha, gamma, c) if None not in (alpha, gamma, c) and gamma > 0 else None
+    greedy = mode == "greedy"
+    is_hf = spec.family == "hf" if spec else method.startswith("hf-")
+    rss = [r.peak_rss_mb for r in recs if r.peak_rss_mb is not None]
+    return BenchRow(
+        pair=pair, workload=workload, kind=wl.kind if wl else "", mode=mode, method=method,
+        family=spec.family if spec else ("hf" if is_hf else "ours"),
+        repeats=len(recs),
+        new_tokens=statistics.median(len(r.tokens) for r in recs),
+        ms_per_token=ms,
+        ms_per_token_min=min(r.ms_per_token for r in recs),
+        ms_per_token_max=max(r.ms_per_token for r in recs),
+        tokens_per_s=1000.0 / ms if ms > 0 else float("inf"),
+        speedup=base_ms / ms if base_ms is not None and ms > 0 else None,
+        acceptance_rate=alpha,
+        tokens_per_target_call=_median(r.tokens_per_target_call for r in recs),
+        c=c,
+        expected_speedup=expected,
+        gamma=gamma,
+        peak_rss_mb=max(rss) if rss else None,
+        identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
+        identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# reports: CSV, Markdown, HTML
+
+
+def safe_name(pair: str) -> str:
+    """A pair name as a file-name part ('hf:a/b,c/d' -> 'hf_a_b_c_d')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", pair).strip("_") or "pair"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine_line(device: str) -> str:
+    import transformers
+
+    gpu = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu = f", GPU {torch.cuda.get_device_name(0)}"
+    return (f"{platform.platform()}, {cpu_model()}, {os.cpu_count()} cores{gpu}; "
+            f"torch {torch.__version__}, transformers {transformers.__version__}; device {device}")
+
+
+def rows_frame(rows: Sequence[BenchRow]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([asdict(r) for r in rows], columns=list(CSV_COLUMNS))
+
+
+def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
+    if x is None:
+        return ""
+    return f"{x:.{digits}f}{suffix}"
+
+
+def _yes(x: bool | None) -> str:
+    return "" if x is None else ("yes" if x else "**NO**")
+
+
+TABLE_HEADER = ("workload", "mode", "method", "ms/token", "tokens/s", "speed-up", "α", "tokens/target call",
+                "c", "expected", "γ", "peak RSS MB", "= target", "= hf-plain")
+
+
+def markdown_table(rows: Sequence[BenchRow]) -> str:
+    """The rows as one GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "|".join("---" for _ in TABLE_HEADER) + "|"]
+    for r in rows:
+        cells = (
+            f"{r.workload} ({r.kind})" if r.kind else r.workload, r.mode, f"`{r.method}`",
+            _fmt(r.ms_per_token, 1), _fmt(r.tokens_per_s, 2), _fmt(r.speedup, 2, "×"),
+            _fmt(r.acceptance_rate, 2), _fmt(r.tokens_per_target_call, 2), _fmt(r.c, 3),
+            _fmt(r.expected_speedup, 2, "×"), _fmt(r.gamma, 1), _fmt(r.peak_rss_mb, 0),
+            _yes(r.identical_to_baseline), _yes(r.identical_to_hf_plain),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _hf_assisted_note() -> str:
+    try:
+        from transformers.utils import is_sklearn_available
+
+        tuned = is_sklearn_available()
+    except ImportError:
+        tuned = False
+    return ("transformers' defaults: up to 20 draft tokens per round, the draft stops below confidence 0.4"
+            + ("; the threshold is re-tuned during the run (scikit-learn is installed)" if tuned
+               else "; no re-tuning of that threshold (it needs scikit-learn, not installed)"))
+
+
+def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow], date: str) -> str:
+    """The whole bench-<pair>.md: header (machine, date, command, settings), table, footnotes."""
+    device = str(getattr(pair, "device", config.device or "cpu"))
+    title = getattr(getattr(pair, "spec", None), "title", pair_name)
+    used = [m for m in METHODS if m.name in {r.method for r in rows}]
+    lines = [
+        f"# specviz bench: {title} (`{pair_name}`)",
+        "",
+        f"- machine: {machine_line(device)}",
+        f"- date: {date}",
+        f"- command: `{config.command or 'python -m specviz bench'}`",
+        f"- settings: {config.repeats} repeats (interleaved: each repeat runs every method once), "
+        f"{config.max_new_tokens} new tokens at most, modes {', '.join(config.modes)}"
+        + (f" (sample = T {config.temperature}, top-k off, top-p 1)" if "sample" in config.modes else "")
+        + ", draft precision "
+        f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}, "
+        f"a {config.warmup_tokens}-token untimed warm-up per method before each workload and mode",
+        "",
+        markdown_table(rows),
+        "",
+        "Notes:",
+        "- ms/token = (prefill + decode wall time) / new tokens for every method, median over the repeats; "
+        "transformers' generate is timed as one call, so its prefill is in its figure and ours is counted the same way. "
+        "tokens/s = 1000 / that median.",
+        "- speed-up = median ms/token of `target` (ours, target alone) / median ms/token of the method, in the same run.",
+        "- α = accepted / drafted tokens; c = draft ms per drafted token / one target step (median step of the `target` "
+        "run of the same repeat); expected = Leviathan et al.'s (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the median α, "
+        "γ and c, which assumes a verify pass costs one target step; γ is the configured draft length, or for "
+        "`spec-adaptive` and `ngram` the mean number drafted per drafting round. α, c and tokens per target call are "
+        "not observable for transformers' methods (blank).",
+        "- = target / = hf-plain (greedy only): every repeat produced exactly the same tokens as ours target-only / "
+        "transformers' plain generate.",
+        "- peak RSS = the process's VmHWM during the run (reset before each run), highest over the repeats; "
+        "the loaded models dominate it.",
+        "- methods: " + "; ".join(f"`{m.name}` {m.description}" for m in used) + ".",
+    ]
+    if any(m.assistant for m in used):
+        lines.append(f"- `hf-assisted`: {_hf_assisted_note()}.")
+    return "\n".join(lines) + "\n"
+
+
+def speedup_figure(rows: Sequence[BenchRow], pair_name: str, device: str) -> Any:
+    """Grouped bars: speed-up over target-only per workload (x) and method (colour), one panel per mode."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    methods = [m for m in dict.fromkeys(r.method for r in rows) if m != BASELINE]
+    methods.sort(key=_method_order)
+    fig = make_subplots(rows=len(modes), cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=[f"{m}" + (f" (T {SAMPLE_TEMPERATURE})" if m == "sample" else "") for m in modes])
+    palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
+    for i, mode in enumerate(modes, start=1):
+        for j, method in enumerate(methods):
+            by_wl = {r.workload: r for r in rows if r.mode == mode and r.method == method}
+            fig.add_trace(go.Bar(
+                x=workloads,
+                y=[by_wl[w].speedup if w in by_wl else None for w in workloads],
+                name=method, legendgroup=method, showlegend=i == 1,
+                marker_color=palette[j % len(palette)],
+                customdata=[[_fmt(by_wl[w].ms_per_token, 1) if w in by_wl else ""] for w in workloads],
+                hovertemplate=f"{html.escape(method)}<br>%{{x}}: %{{y:.2f}}× (%{{customdata[0]}} ms/token)<extra></extra>",
+            ), row=i, col=1)
+        fig.add_hline(y=1.0, line_dash="dash", line_color="black", row=i, col=1,
+                      annotation_text="target alone = 1.0", annotation_position="top left")
+        fig.update_yaxes(title_text="speed-up vs target-only (×)", rangemode="tozero", row=i, col=1)
+    fig.update_xaxes(title_text="workload", row=len(modes), col=1)
+    fig.update_layout(
+        title=f"specviz bench: speed-up over target-only decoding, {pair_name} on {device} "
+              "(median ms/token ratio, prefill included)",
+        barmode="group", template="plotly_white", height=380 * len(modes) + 120, legend_title_text="method",
+    )
+    return fig
+
+
+def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow]) -> dict[str, Path]:
+    """bench-<pair>.csv, .md and .html into config.out_dir; returns their paths."""
+    out = config.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"bench-{safe_name(pair_name)}"
+    date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    paths = {"csv": stem.with_suffix(".csv"), "md": stem.with_suffix(".md"), "html": stem.with_suffix(".html")}
+    rows_frame(rows).to_csv(paths["csv"], index=False)
+    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date), encoding="utf-8")
+    device = str(getattr(pair, "device", config.device or "cpu"))
+    speedup_figure(rows, pair_name, device).write_html(paths["html"], include_plotlyjs="cdn", full_html=True)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def _say(message: str) -> None:
+    print(f"specviz bench: {message}", file=sys.stderr, flush=True)
+
+
+def _eta(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def encode(pair: Any, prompt: str, max_new_tokens: int) -> list[int]:
+    """Raw-text prompt ids; refused when prompt plus new tokens would not fit the pair's context."""
+    ids = list(pair.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    ctx = getattr(pair, "context_length", None)
+    if not ids:
+        raise BenchError(f"the prompt {prompt[:30]!r} encodes to no tokens")
+    if ctx and len(ids) + max_new_tokens > ctx:
+        raise BenchError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens exceeds the context of {ctx}")
+    return ids
+
+
+def _config_snapshot(pair: Any) -> tuple[dict, dict]:
+    return tuple(copy.deepcopy(m.generation_config.to_dict()) for m in (pair.target, pair.draft))  # type: ignore[return-value]
+
+
+def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord]:
+    """Every workload and mode of one loaded pair, methods interleaved within each repeat."""
+    plan = [(WORKLOADS_BY_NAME[w], mode) for w in config.workloads for mode in config.modes]
+    total = sum(len(methods_for(w, config.methods)) for w, _ in plan) * config.repeats
+    before = _config_snapshot(pair)
+    records: list[RunRecord] = []
+    t_start = time.perf_counter()
+    for workload, mode in plan:
+        prompt_ids = encode(pair, workload.prompt, config.max_new_tokens)
+        methods = methods_for(workload, config.methods)
+        _say(f"{pair_name} {workload.name}/{mode}: warming up {', '.join(m.name for m in methods)}")
+        for method in methods:
+            warm_up(pair, method, prompt_ids, mode, min(config.warmup_tokens, config.max_new_tokens), config.temperature)
+        for repeat in range(config.repeats):
+            for method in methods:
+                rec = measure(pair, pair_name, workload, method, prompt_ids, mode, repeat,
+                              config.max_new_tokens, config.temperature)
+                records.append(rec)
+                done = len(records)
+                left = (time.perf_counter() - t_start) / done * (total - done)
+                _say(f"[{done}/{total}] {pair_name} {workload.name}/{mode} repeat {repeat + 1}/{config.repeats} "
+                     f"{method.name}: {rec.ms_per_token:.1f} ms/token, {len(rec.tokens)} tokens (~{_eta(left)} left)")
+    if _config_snapshot(pair) != before:
+        raise BenchError("a model's generation_config changed during the benchmark (models must stay read-only)")
+    return records
+
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> list[tuple[str, list[BenchRow], dict[str, Path]]]:
+    """Load each pair in turn, benchmark it, write its reports; returns (pair, rows, paths) per pair."""
+    from specviz import models
+
+    results = []
+    for name in config.pairs:
+        _say(f"loading {name}")
+        pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress)
+        rows = aggregate(bench_pair(config, pair, name))
+        paths = write_reports(config, pair, name, rows)
+        _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")
+        results.append((name, rows, paths))
+        del pair
+        gc.collect()
+    return results

@@ -1,0 +1,406 @@
+"""The command line: one function per subcommand (`generate` now; `bench`, `loadtest` plug in alike)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+PROG = "specviz"
+GAMMA_MIN, GAMMA_MAX = 1, 16  # same bounds as specviz.engine.GAMMA_RANGE (checked there too)
+WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
+WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
+
+
+class CliError(Exception):
+    """A refusal the user can fix: printed as ONE line `specviz: error: …`, exit `code`."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (no usage dump) and never exits here."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message, 2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _err(message: str) -> None:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers for subcommands
+
+
+def add_pair_arguments(p: argparse.ArgumentParser) -> None:
+    """--pair, --draft-precision and --quiet: every subcommand that loads models takes these."""
+    p.add_argument(
+        "--pair", default=None,
+        help="model pair: a named pair (see README), hf:DRAFT_ID,TARGET_ID, or local folders "
+        "DRAFT_DIR,TARGET_DIR (default: the project's default pair)",
+    )
+    p.add_argument(
+        "--draft-precision", choices=("int8", "fp32"), default=None,
+        help="precision of the draft model (default: the pair's own choice)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """The generation settings shared by generate and bench."""
+    p.add_argument("--prompt", required=True, help="raw text to continue (no chat template)")
+    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy", help="greedy (argmax) or sample")
+    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sample mode: > 0 (default 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="seed of this request's random generator (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens at most (default 64)")
+    p.add_argument("--drafter", choices=("model", "ngram"), default="model",
+                   help="model: the pair's draft model; ngram: prompt lookup, no second model")
+
+
+def check_sampling_arguments(args: argparse.Namespace) -> None:
+    """Cheap checks, run before any model is loaded."""
+    if not args.prompt or not args.prompt.strip():
+        raise CliError("--prompt is empty: give some text to continue")
+    if not GAMMA_MIN <= args.gamma <= GAMMA_MAX:
+        raise CliError(f"--gamma must be in {GAMMA_MIN}..{GAMMA_MAX}, got {args.gamma}")
+    if args.mode == "sample" and not args.temperature > 0:  # also refuses nan
+        raise CliError(f"--temperature must be > 0 in sample mode, got {args.temperature}")
+    if not math.isfinite(args.temperature):
+        raise CliError(f"--temperature must be a finite number, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise CliError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+
+
+def quiet_libraries(quiet: bool) -> None:
+    """Silence library progress bars (ours replace them); call before transformers is imported.
+
+    The GGUF conversion's own tqdm bar is kept only on an interactive terminal without --quiet:
+    it is the one finer-grained sign of life during a first load of a large model.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if quiet or not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")  # read when tqdm is first imported
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def stderr_progress(quiet: bool) -> Callable[[float, str], None] | None:
+    """A `progress(fraction, message)` callback for models.load_pair that writes to stderr."""
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        warnings.simplefilter("ignore")
+        return None
+
+    def progress(fraction: float, message: str) -> None:
+        print(f"{PROG}: [{100 * fraction:3.0f}%] {_one_line(message)}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def resolve_pair_name(name: str | None) -> str:
+    """The pair name, checked without loading anything (an unknown name is a bad argument)."""
+    from specviz import models
+
+    name = name or models.DEFAULT_PAIR
+    try:
+        models.get_spec(name)
+    except models.PairError as e:
+        raise CliError(str(e), 2) from None
+    return name
+
+
+def encode_prompt(pair: Any, prompt: str, max_new_tokens: int) -> list[int]:
+    """Raw-text prompt ids (no chat template: completion wants raw text), refused if past the context."""
+    ids = list(pair.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise CliError("the prompt encodes to no tokens")
+    ctx = getattr(pair, "context_length", None)
+    if ctx:
+        if len(ids) >= ctx:
+            raise CliError(f"the prompt is {len(ids)} tokens, too long for this pair's context of {ctx} tokens")
+        if len(ids) + max_new_tokens > ctx:
+            raise CliError(
+                f"the prompt ({len(ids)} tokens) plus --max-new-tokens {max_new_tokens} exceeds this pair's "
+                f"context of {ctx} tokens; use --max-new-tokens {ctx - len(ids)} or less"
+            )
+    return ids
+
+
+def _num(x: float | None, digits: int | None = None) -> float | None:
+    """A float for JSON (rounded when `digits` is given); None for missing or non-finite values."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x) if digits is None else round(float(x), digits)
+
+
+# ---------------------------------------------------------------------------------------------
+# generate
+
+
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate", help="speculative generation on a model pair, shown round by round",
+        description="Run speculative decoding once and print the text, every round and the totals.",
+    )
+    add_pair_arguments(p)
+    add_sampling_arguments(p)
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the target alone (same settings) and report the speed-up")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the human form")
+    p.set_defaults(func=cmd_generate)
+
+
+def round_to_dict(r: Any) -> dict[str, Any]:
+    """One RoundTrace as plain JSON data (top-n distributions left out: they are for the app)."""
+    return {
+        "index": r.index,
+        "position": r.position,
+        "draft_tokens": list(r.draft_ids),
+        "draft_texts": list(r.draft_texts),
+        "accepted": list(r.accepted),
+        "n_accepted": r.n_accepted,
+        "accept_probs": [_num(x) for x in r.accept_probs],
+        "uniforms": [_num(x) for x in r.uniforms],
+        "p_draft": [_num(x) for x in r.p_draft],
+        "q_draft": [_num(x) for x in r.q_draft],
+        "next_token": r.next_id,
+        "next_text": r.next_text,
+        "next_origin": r.next_origin,
+        "draft_ms": _num(r.draft_ms, 3),
+        "verify_ms": _num(r.verify_ms, 3),
+    }
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    check_sampling_arguments(args)
+    quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
+    pair_name = resolve_pair_name(args.pair)
+    progress = stderr_progress(args.quiet)
+    from specviz import models
+    from specviz.drafters import ModelDrafter, NgramDrafter
+    from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+    from specviz.metrics import summarize
+    from specviz.sampling import SamplingConfig
+
+    try:
+        sampling = SamplingConfig(mode=args.mode, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed)
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, gamma=args.gamma, sampling=sampling)
+    except ValueError as e:  # the checks above should have caught it; keep the one-line promise anyway
+        raise CliError(str(e)) from None
+
+    pair = models.load_pair(pair_name, draft_precision=args.draft_precision, progress=progress)
+    prompt_ids = encode_prompt(pair, args.prompt, args.max_new_tokens)
+    eos_ids = tuple(pair.eos_ids)
+    drafter = ModelDrafter(pair.draft) if args.drafter == "model" else NgramDrafter()
+
+    # Warm-up, untimed: a few tokens through the target and the drafter (hence the draft model)
+    # so the first timed run does not pay one-off costs (lazy kernel and allocator set-up, first
+    # touches of freshly loaded weights). The baseline then reuses the same, already warm target.
+    warm_ids = prompt_ids[:WARMUP_PROMPT_TOKENS]
+    warm_cfg = GenerationConfig(max_new_tokens=WARMUP_TOKENS, gamma=min(2, args.gamma), stop_at_eos=False)
+    run_to_end(speculative_generate(pair.target, drafter, pair.tokenizer, warm_ids, warm_cfg, eos_ids))
+
+    if not args.quiet:
+        print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
+    spec = run_to_end(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
+    base = run_to_end(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
+    summary = summarize(spec, base)
+
+    result: dict[str, Any] = {
+        "pair": pair_name,
+        "mode": args.mode,
+        "gamma": args.gamma,
+        "drafter": spec.drafter,
+        "draft_precision": getattr(pair, "draft_precision", None),
+        "device": str(getattr(pair, "device", "cpu")),
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt": args.prompt,
+        "prompt_tokens": len(prompt_ids),
+        "text": spec.text,
+        "tokens": list(spec.tokens),
+        "stop_reason": spec.stop_reason,
+        "rounds": [round_to_dict(r) for r in spec.rounds],
+        "target_calls": spec.target_calls,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "acceptance_rate": _num(summary.acceptance_rate, 6),
+        "tokens_per_target_call": _num(summary.tokens_per_target_call, 6),
+        "ms_per_token": _num(summary.ms_per_token, 3),
+        "prefill_ms": _num(spec.prefill_ms, 3),
+        "decode_ms": _num(spec.decode_ms, 3),
+    }
+    if base is not None:
+        result["baseline"] = {
+            "tokens": list(base.tokens),
+            "text": base.text,
+            "ms_per_token": _num(base.ms_per_token, 3),
+            "prefill_ms": _num(base.prefill_ms, 3),
+            "decode_ms": _num(base.decode_ms, 3),
+        }
+        result["speedup"] = _num(summary.speedup, 4)
+        result["measured_c"] = _num(summary.c, 4)
+        result["expected_speedup"] = _num(summary.expected_speedup, 4)
+        # greedy speculative decoding must reproduce the target's own tokens exactly; sampled runs
+        # follow the same distribution but not the same draws, so there is nothing to compare
+        result["identical_to_baseline"] = tuple(spec.tokens) == tuple(base.tokens) if args.mode == "greedy" else None
+
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_human(result)
+    return 0
+
+
+def _tok(text: str) -> str:
+    return repr(text)
+
+
+def print_human(res: dict[str, Any]) -> None:
+    """Text, one line per round, totals."""
+    print("── text " + "─" * 60)
+    print(res["prompt"] + res["text"])
+    print(f"── rounds ({res['drafter']} drafter, γ={res['gamma']}, {res['mode']};"
+          " ✓ accepted, ✗ rejected, · discarded) " + "─" * 8)
+    for r in res["rounds"]:
+        if r["draft_tokens"]:
+            n = r["n_accepted"]  # ✓ accepted, ✗ the first rejection, · discarded after it (never checked)
+            marks = " ".join(_tok(t) + ("✓" if i < n else "✗" if i == n else "·") for i, t in enumerate(r["draft_texts"]))
+        else:
+            marks = "(no draft)"
+        print(f"{r['index'] + 1:4d}  {marks}  → {_tok(r['next_text'])} ({r['next_origin']})"
+              f"  draft {r['draft_ms']:.1f} ms, verify {r['verify_ms']:.1f} ms")
+    print("── totals " + "─" * 58)
+    alpha = res["acceptance_rate"]
+    print(f"tokens: {len(res['tokens'])} (stop: {res['stop_reason']}) in {res['target_calls']} target calls"
+          f" = {res['tokens_per_target_call']:.2f} tokens per target call")
+    print(f"acceptance: {res['accepted']}/{res['drafted']} drafted"
+          + (f" = {alpha:.2f}" if alpha is not None else ""))
+    print(f"speculative: {res['ms_per_token']:.1f} ms/token (prefill {res['prefill_ms']:.0f} ms not counted)")
+    if "baseline" in res:
+        b = res["baseline"]
+        print(f"baseline (target alone): {b['ms_per_token']:.1f} ms/token")
+        sp, ex, c = res["speedup"], res["expected_speedup"], res["measured_c"]
+        line = f"speed-up: {sp:.2f}x measured" if sp is not None else "speed-up: n/a"
+        if ex is not None:
+            line += f", {ex:.2f}x expected from α, γ and measured c = {c:.3f}"
+        print(line)
+        same = res["identical_to_baseline"]
+        if same is not None:
+            print(f"identical to baseline: {'yes' if same else 'NO'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark ours vs transformers' assisted and plain generation",
+        description="Interleaved side-by-side benchmark on fixed workloads; writes bench-<pair>.csv/.md/.html "
+        "and prints the Markdown table. Progress goes to stderr.",
+    )
+    p.add_argument("--pair", action="append", default=None,
+                   help="model pair (repeatable; default: qwen-coder and smollm2-135m, or qwen-coder with --quick)")
+    p.add_argument("--draft-precision", choices=("int8", "fp32"), default=None,
+                   help="precision of the draft model (default: the pair's own choice)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="run everything (ours and transformers') on this device (default: cuda when present)")
+    p.add_argument("--quick", action="store_true",
+                   help="under 10 minutes on a 2-core CPU: greedy, code/list/story, 32 tokens, "
+                   "target/spec-g4/spec-adaptive/hf-assisted")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per method, >= 3 (default 3); medians are shown")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per run (default 64; 32 with --quick)")
+    p.add_argument("--workloads", default=None, help="comma-separated: code,json,list,copy,story,poem")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated: target,spec-g2,spec-g4,spec-g8,spec-adaptive,hf-plain,hf-assisted,"
+                   "hf-lookup,ngram (target always runs: it is the baseline)")
+    p.add_argument("--out", default="benchmarks", help="output folder (default benchmarks/)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import shlex
+
+    pairs = [resolve_pair_name(name) for name in args.pair] if args.pair else None
+    quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
+    progress = stderr_progress(args.quiet)
+    from specviz import bench
+
+    try:
+        config = bench.make_config(
+            pairs=pairs, quick=args.quick, workloads=args.workloads, methods=args.methods, repeats=args.repeats,
+            max_new_tokens=args.max_new_tokens, out_dir=args.out, device=args.device,
+            draft_precision=args.draft_precision, command=f"python -m {PROG} {shlex.join(sys.argv[1:])}",
+        )
+        results = bench.run_bench(config, progress=progress)
+    except bench.BenchError as e:
+        raise CliError(str(e)) from None
+    for _, _, paths in results:
+        print(paths["md"].read_text(encoding="utf-8"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Speculative decoding on small model pairs, shown round by round.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    add_generate(sub)
+    add_bench(sub)
+    # further subcommands (bench, loadtest) add themselves here: add_<name>(sub), each setting func
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; user errors are one stderr line (exit 2; 1 for a pair that won't load)."""
+    try:
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "func", None) is None:
+            raise CliError("choose a command: generate (see python -m specviz -h)")
+        return args.func(args)
+    except CliError as e:
+        _err(str(e))
+        return e.code
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except Exception as e:  # a pair that cannot be found or loaded is the user's to fix, not a bug
+        models = sys.modules.get("specviz.models")
+        if models is not None and isinstance(e, models.PairError):
+            _err(str(e))
+            return 1
+        raise

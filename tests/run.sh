@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test set-up and run on a fresh Debian machine; idempotent (safe to run again).
+#   bash tests/run.sh                     # every test
+#   bash tests/run.sh tests/test_cli.py   # one file (any pytest arguments pass through)
+#   bash tests/run.sh -m "not real"       # skip the tests that load real model weights
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# 1. the virtual environment, from the full lock (--no-deps: see the top of requirements.txt)
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+stamp=.venv/.specviz-requirements.sha256
+want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    .venv/bin/pip install -qq --no-deps -r requirements.txt
+    echo "$want" > "$stamp"
+fi
+
+# 2. a browser for the real-browser test: Debian's chromium (Playwright's own download is not used)
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq && apt-get install -y -qq chromium
+    else
+        echo "tests/run.sh: /usr/bin/chromium is missing; install it as root: apt-get install -y chromium" >&2
+        echo "tests/run.sh: (the real-browser test needs it)" >&2
+    fi
+fi
+
+# 3. the tests: the whole tests/ folder unless the arguments name a file or folder themselves
+targets=(tests)
+for arg in "$@"; do
+    if [ -e "${arg%%::*}" ]; then
+        targets=()
+        break
+    fi
+done
+exec .venv/bin/python -m pytest "${targets[@]}" -q -p no:cacheprovider --timeout=1800 "$@"
