@@ -166,6 +166,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     )
     add_pair_arguments(p)
     add_sampling_arguments(p)
+    p.add_argument("--adaptive", action="store_true",
+                   help="adaptive draft length: --gamma becomes the ceiling; the draft stops when unsure and "
+                   "drafting switches off while it does not pay")
     p.add_argument("--baseline", action="store_true",
                    help="also run the target alone (same settings) and report the speed-up")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the human form")
@@ -199,7 +202,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     pair_name = resolve_pair_name(args.pair)
     progress = stderr_progress(args.quiet)
     from specviz import models
-    from specviz.drafters import ModelDrafter, NgramDrafter
+    from specviz.drafters import make_drafter
     from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
     from specviz.metrics import summarize
     from specviz.sampling import SamplingConfig
@@ -207,14 +210,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         sampling = SamplingConfig(mode=args.mode, temperature=args.temperature, top_k=args.top_k,
                                   top_p=args.top_p, seed=args.seed)
-        config = GenerationConfig(max_new_tokens=args.max_new_tokens, gamma=args.gamma, sampling=sampling)
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, gamma=args.gamma, adaptive=args.adaptive,
+                                  sampling=sampling)
     except ValueError as e:  # the checks above should have caught it; keep the one-line promise anyway
         raise CliError(str(e)) from None
 
     pair = models.load_pair(pair_name, draft_precision=args.draft_precision, progress=progress)
     prompt_ids = encode_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
-    drafter = ModelDrafter(pair.draft) if args.drafter == "model" else NgramDrafter()
+    drafter = make_drafter(args.drafter, pair.draft, adaptive=args.adaptive)
 
     # Warm-up, untimed: a few tokens through the target and the drafter (hence the draft model)
     # so the first timed run does not pay one-off costs (lazy kernel and allocator set-up, first
@@ -233,6 +237,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "pair": pair_name,
         "mode": args.mode,
         "gamma": args.gamma,
+        "adaptive": args.adaptive,
         "drafter": spec.drafter,
         "draft_precision": getattr(pair, "draft_precision", None),
         "device": str(getattr(pair, "device", "cpu")),

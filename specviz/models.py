@@ -559,7 +559,20 @@ def _load_cached_model(folder: Path, title: str) -> nn.Module:
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch.float32, use_safetensors=True, local_files_only=True, trust_remote_code=False
         )
+        _materialize(model)
     return model.eval()
+
+
+@torch.no_grad()
+def _materialize(model: nn.Module) -> None:
+    """Copy memory-mapped weights into ordinary memory.
+
+    from_pretrained maps the safetensors file; the kernel may then drop those pages under
+    memory pressure (other sessions, other models) and every later forward re-reads them from
+    disk: seconds per token, and a first forward that is 4 s slower than the rest.
+    """
+    for tensor in [*model.parameters(), *model.buffers()]:
+        tensor.data = tensor.data.clone()
 
 
 def _probe_ids(tokenizer: Any) -> torch.Tensor:

@@ -1,0 +1,189 @@
+"""Background model loading and generation jobs for a server: thread-safe, bounded, one model run at a time."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from specviz.engine import GenIter, Generation, RoundTrace
+
+LoadStatus = Literal["loading", "ready", "failed"]
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LoadView(Generic[T]):
+    """A snapshot of one pair's loading: what a page draws (progress bar, error or the pair)."""
+
+    status: LoadStatus
+    fraction: float  # 0..1, for the progress bar
+    message: str  # what the loader is doing now
+    pair: T | None  # the loaded pair once ready
+    error: str | None  # one-line, user-facing, when failed
+
+
+class _Load:
+    def __init__(self) -> None:
+        self.view: LoadView[Any] = LoadView("loading", 0.0, "starting…", None, None)
+
+
+class PairStore(Generic[T]):
+    """Loads each named pair once, in a background thread, so a page rerun never interrupts a load.
+
+    `loader(name, progress)` returns the pair or raises; `user_error(exc)` turns an exception into
+    a one-line message. A failed load stays failed until `forget(name)` allows a retry.
+    """
+
+    def __init__(self, loader: Callable[[str, Callable[[float, str], None]], T],
+                 user_error: Callable[[BaseException], str]) -> None:
+        self._loader = loader
+        self._user_error = user_error
+        self._lock = threading.Lock()
+        self._loads: dict[str, _Load] = {}
+
+    def request(self, name: str) -> LoadView[T]:
+        """Start loading `name` if needed; return its current state."""
+        with self._lock:
+            load = self._loads.get(name)
+            if load is None:
+                load = self._loads[name] = _Load()
+                threading.Thread(target=self._run, args=(name, load), daemon=True, name=f"load-{name}").start()
+            return load.view
+
+    def forget(self, name: str) -> None:
+        """Drop a failed load so the next request tries again (a loaded pair is kept)."""
+        with self._lock:
+            load = self._loads.get(name)
+            if load is not None and load.view.status == "failed":
+                del self._loads[name]
+
+    def peek(self, name: str) -> LoadView[T] | None:
+        """The state of `name` without starting anything."""
+        with self._lock:
+            load = self._loads.get(name)
+            return load.view if load else None
+
+    def _run(self, name: str, load: _Load) -> None:
+        def progress(fraction: float, message: str) -> None:
+            load.view = LoadView("loading", max(0.0, min(1.0, float(fraction))), str(message), None, None)
+
+        try:
+            pair = self._loader(name, progress)
+        except BaseException as exc:  # noqa: BLE001 - any failure becomes a friendly message
+            load.view = LoadView("failed", 1.0, "failed", None, self._user_error(exc))
+        else:
+            load.view = LoadView("ready", 1.0, "ready", pair, None)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A snapshot of one generation job: the rounds so far and, when done, the Generation."""
+
+    state: JobState
+    rounds: tuple[RoundTrace, ...]
+    generation: Generation | None
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+
+class Job:
+    """One generation drained in the worker thread; rounds appear here as they are made."""
+
+    def __init__(self, key: Hashable, make: Callable[[], GenIter]) -> None:
+        self.key = key
+        self._make = make
+        self._lock = threading.Lock()
+        self._rounds: list[RoundTrace] = []
+        self._state: JobState = "queued"
+        self._generation: Generation | None = None
+        self._error: str | None = None
+        self._cancel = threading.Event()
+
+    def view(self) -> JobView:
+        with self._lock:
+            return JobView(self._state, tuple(self._rounds), self._generation, self._error)
+
+    def cancel(self) -> None:
+        """Stop after the current round (a queued job never starts)."""
+        self._cancel.set()
+
+    def run(self, user_error: Callable[[BaseException], str]) -> None:
+        """Drain the generator, publishing each round; never raises."""
+        if self._cancel.is_set():
+            self._set_state("cancelled")
+            return
+        self._set_state("running")
+        try:
+            steps = self._make()
+            while True:
+                if self._cancel.is_set():
+                    steps.close()
+                    self._set_state("cancelled")
+                    return
+                try:
+                    trace = next(steps)
+                except StopIteration as done:
+                    with self._lock:
+                        self._generation, self._state = done.value, "done"
+                    return
+                with self._lock:
+                    self._rounds.append(trace)
+        except BaseException as exc:  # noqa: BLE001 - shown to the user as one line
+            with self._lock:
+                self._error, self._state = user_error(exc), "failed"
+
+    def _set_state(self, state: JobState) -> None:
+        with self._lock:
+            self._state = state
+
+
+class Runner:
+    """Runs jobs one at a time in a single worker thread (honest timings on a small CPU).
+
+    Jobs are keyed: submitting a key that is queued, running or done returns the same job,
+    so a view change or a second viewer never re-runs a model. At most `max_jobs` are kept.
+    """
+
+    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 48) -> None:
+        self._user_error = user_error
+        self._max_jobs = max_jobs
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
+        self._queue: queue.Queue[Job] = queue.Queue()
+        self._worker = threading.Thread(target=self._work, daemon=True, name="specviz-runner")
+        self._worker.start()
+
+    def submit(self, key: Hashable, make: Callable[[], GenIter]) -> Job:
+        """The job for `key`, created and queued if there is none (or the last one failed)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.view().state not in ("failed", "cancelled"):
+                self._jobs.move_to_end(key)
+                return job
+            job = self._jobs[key] = Job(key, make)
+            self._evict()
+        self._queue.put(job)
+        return job
+
+    def get(self, key: Hashable) -> Job | None:
+        """The job for `key` if one exists (starts nothing)."""
+        with self._lock:
+            return self._jobs.get(key)
+
+    def _evict(self) -> None:
+        finished = [k for k, j in self._jobs.items() if j.view().finished]
+        while len(self._jobs) > self._max_jobs and finished:
+            del self._jobs[finished.pop(0)]
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            job.run(self._user_error)

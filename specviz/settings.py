@@ -1,0 +1,151 @@
+"""The app's sidebar settings as a frozen record, and their round trip through a URL query string."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+from specviz.engine import GAMMA_RANGE, GenerationConfig
+from specviz.sampling import SamplingConfig
+
+Level = Literal["d1", "d2", "d5"]
+DrafterName = Literal["model", "ngram"]
+
+LEVELS: tuple[Level, ...] = ("d1", "d2", "d5")
+LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
+DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram")
+MODES = ("greedy", "sample")
+TEMPERATURE_RANGE = (0.05, 2.0)
+TOP_P_RANGE = (0.05, 1.0)
+SEED_RANGE = (0, 2**31 - 1)
+MAX_NEW_RANGE = (1, 256)  # a CPU demo: 256 plain target steps of the 1.5B model take about 2 minutes
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the sidebar decides; frozen so pages can use it as (part of) a cache key."""
+
+    level: Level = "d2"  # explanation depth: words and how much is shown, never the run
+    pair: str = "qwen-coder"  # named target/draft pair from specviz.models
+    drafter: DrafterName = "model"  # small model drafts, or prompt lookup (n-gram, no second model)
+    mode: str = "greedy"  # greedy (argmax) or sample
+    temperature: float = 0.8  # only used when sampling
+    top_p: float = 0.95  # only used when sampling
+    seed: int = 0  # only used when sampling: same seed, same dice
+    gamma: int = 4  # draft length γ: tokens guessed per round
+    max_new_tokens: int = 64  # stop after this many new tokens
+    presenter: bool = False  # large type for a projector
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        if self.mode == "greedy":
+            return SamplingConfig(mode="greedy")
+        return SamplingConfig(mode="sample", temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+
+    def generation_config(self) -> GenerationConfig:
+        """The engine config of a speculative run with these settings."""
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=self.gamma, sampling=self.sampling)
+
+    def baseline_config(self) -> GenerationConfig:
+        """The target-only run's config: γ does not matter there, so it is fixed (one baseline serves every γ)."""
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=GAMMA_RANGE[0], sampling=self.sampling)
+
+
+DEFAULTS = Settings()
+QUERY_KEYS: dict[str, str] = {  # query-string name -> Settings field
+    "level": "level", "pair": "pair", "drafter": "drafter", "mode": "mode", "temp": "temperature",
+    "top_p": "top_p", "seed": "seed", "gamma": "gamma", "max_new": "max_new_tokens", "present": "presenter",
+}
+
+
+def _first(value: Any) -> str:
+    """Query values may come as a list (repeated keys): use the last one, as Streamlit does."""
+    if isinstance(value, (list, tuple)):
+        return str(value[-1]) if value else ""
+    return str(value)
+
+
+def _clamp_number(name: str, raw: str, cast: type, lo: float, hi: float, notes: list[str]) -> Any:
+    try:
+        value = cast(float(raw)) if cast is int else cast(raw)
+    except (TypeError, ValueError):
+        notes.append(f"Ignored `{name}={raw}` in the link: not a number.")
+        return None
+    if value != value:  # NaN
+        notes.append(f"Ignored `{name}={raw}` in the link: not a number.")
+        return None
+    if value < lo or value > hi:
+        clamped = cast(min(max(value, lo), hi))
+        notes.append(f"`{name}={raw}` in the link is outside {lo}–{hi}; using {clamped}.")
+        return clamped
+    return value
+
+
+def _choice(name: str, raw: str, allowed: Sequence[str], notes: list[str]) -> str | None:
+    value = raw.strip().lower()
+    if value in allowed:
+        return value
+    notes.append(f"Ignored `{name}={raw}` in the link: choose one of {', '.join(allowed)}.")
+    return None
+
+
+def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[Settings, list[str]]:
+    """Settings from a query string; bad values are clamped or ignored, each with a friendly note."""
+    notes: list[str] = []
+    found: dict[str, Any] = {}
+    get = {k: _first(v) for k, v in params.items()}
+    if "level" in get:
+        found["level"] = _choice("level", get["level"], LEVELS, notes)
+    if "pair" in get:
+        found["pair"] = get["pair"].strip() if get["pair"].strip() in pair_names else None
+        if found["pair"] is None:
+            notes.append(f"Unknown model pair `{get['pair']}` in the link; using the default pair.")
+    if "drafter" in get:
+        found["drafter"] = _choice("drafter", get["drafter"], DRAFTERS, notes)
+    if "mode" in get:
+        found["mode"] = _choice("mode", get["mode"], MODES, notes)
+    if "temp" in get:
+        found["temperature"] = _clamp_number("temp", get["temp"], float, *TEMPERATURE_RANGE, notes)
+    if "top_p" in get:
+        found["top_p"] = _clamp_number("top_p", get["top_p"], float, *TOP_P_RANGE, notes)
+    if "seed" in get:
+        found["seed"] = _clamp_number("seed", get["seed"], int, *SEED_RANGE, notes)
+    if "gamma" in get:
+        found["gamma"] = _clamp_number("gamma", get["gamma"], int, *GAMMA_RANGE, notes)
+    if "max_new" in get:
+        found["max_new_tokens"] = _clamp_number("max_new", get["max_new"], int, *MAX_NEW_RANGE, notes)
+    if "present" in get:
+        found["presenter"] = get["present"].strip().lower() in ("1", "true", "yes", "on")
+    default_pair = DEFAULTS.pair if DEFAULTS.pair in pair_names else (pair_names[0] if pair_names else DEFAULTS.pair)
+    base = replace(DEFAULTS, pair=default_pair)
+    return replace(base, **{k: v for k, v in found.items() if v is not None}), notes
+
+
+def to_query(settings: Settings) -> dict[str, str]:
+    """The query-string entries that differ from the defaults (short, shareable links)."""
+    out: dict[str, str] = {}
+    by_field = {f: q for q, f in QUERY_KEYS.items()}
+    for f in fields(Settings):
+        value = getattr(settings, f.name)
+        if value == getattr(DEFAULTS, f.name):
+            continue
+        if f.name in ("temperature", "top_p", "seed") and settings.mode == "greedy":
+            continue  # sampling knobs mean nothing in greedy mode: keep them out of the link
+        out[by_field[f.name]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
+
+
+def prompt_problem(prompt: str, n_prompt_tokens: int, context_length: int, max_new_tokens: int) -> str | None:
+    """A friendly sentence when a prompt cannot run (empty, or too long for the model), else None."""
+    if not prompt.strip():
+        return "The prompt is empty: type something, or pick one of the presets above."
+    if n_prompt_tokens == 0:
+        return "The prompt turned into no tokens at all: type a few words."
+    room = context_length - max_new_tokens
+    if n_prompt_tokens > room:
+        return (
+            f"The prompt is {n_prompt_tokens:,} tokens long; with {max_new_tokens} new tokens that is more than "
+            f"this model pair can read ({context_length:,} tokens). Shorten the prompt or lower “Max new tokens”."
+        )
+    return None

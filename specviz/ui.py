@@ -1,0 +1,296 @@
+"""Thin Streamlit helpers shared by every page: sidebar settings, cached pair loading, run jobs, styles."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from specviz import models
+from specviz.drafters import ModelDrafter, NgramDrafter
+from specviz.engine import GAMMA_RANGE, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from specviz.lessons import has_lesson, lesson
+from specviz.live import Job, PairStore, Runner
+from specviz.settings import (
+    LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
+    parse_query, to_query,
+)
+
+log = logging.getLogger("specviz.app")
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+TEST_PAIR = "tiny-random"
+K = "cfg."  # session_state prefix of the sidebar's widgets
+DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)"}
+MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
+
+
+def user_error(exc: BaseException) -> str:
+    """One friendly line for any failure (the traceback goes to the server log, not the page)."""
+    if isinstance(exc, (models.PairError, ValueError)):
+        return str(exc)
+    log.error("run failed", exc_info=exc)
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"
+
+
+WARMUP_TEXT = "def add(a, b):\n    return a + b\n"
+
+
+def _load(name: str, progress: Any) -> models.LoadedPair:
+    """Load a pair, then run it once briefly so the first measured run does not pay start-up costs."""
+    pair = models.load_pair(name, progress=lambda f, m: progress(0.95 * f, m))
+    progress(0.96, "warming up (one short run, so the first timing is fair)")
+    ids = list(pair.tokenizer(WARMUP_TEXT)["input_ids"])
+    config = GenerationConfig(max_new_tokens=6, gamma=4)
+    run_to_end(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
+    run_to_end(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
+    gc.collect()
+    gc.freeze()  # the models' objects are permanent: later collections need not walk them (shorter GIL pauses)
+    progress(1.0, "ready")
+    return pair
+
+
+@st.cache_resource(show_spinner=False)
+def pair_store() -> PairStore[models.LoadedPair]:
+    """One loader per server: each pair is loaded once and shared read-only by every session."""
+    return PairStore(_load, user_error)
+
+
+@st.cache_resource(show_spinner=False)
+def runner() -> Runner:
+    """One model worker per server: runs are queued, timed one at a time, and shared by key.
+
+    The GIL switch interval is shortened so page redraws delay the worker's torch calls less
+    (the worker needs the GIL between ops; timings stay closer to an idle server's).
+    """
+    sys.setswitchinterval(0.001)
+    return Runner(user_error)
+
+
+# ------------------------------------------------------------------------------------------
+# Sidebar settings <-> widgets <-> URL
+# ------------------------------------------------------------------------------------------
+
+
+def _pair_ok(name: str) -> bool:
+    try:
+        models.get_spec(name)
+    except models.PairError:
+        return False
+    return True
+
+
+def _known_pairs(params: Mapping[str, Any]) -> list[str]:
+    wanted = str(params.get("pair", ""))
+    names = list(models.PAIR_NAMES)
+    if wanted.startswith("hf:") and _pair_ok(wanted):
+        names.append(wanted)
+    return names
+
+
+def _init_from_query() -> None:
+    """On a session's first run, read the URL into the widgets (bad values become friendly notes)."""
+    if K + "ready" in st.session_state:
+        return
+    params = st.query_params.to_dict()
+    settings, notes = parse_query(params, _known_pairs(params))
+    for name in ("level", "pair", "drafter", "mode", "temperature", "top_p", "seed", "gamma", "max_new_tokens", "presenter"):
+        st.session_state[K + name] = getattr(settings, name)
+    st.session_state[K + "notes"] = notes
+    st.session_state[K + "ready"] = True
+
+
+def visible_pairs(current: str) -> list[str]:
+    """The sidebar's pair choices: the test pair only when asked for (URL or SPECVIZ_SHOW_TEST_PAIR=1)."""
+    show_test = os.environ.get("SPECVIZ_SHOW_TEST_PAIR") == "1" or current == TEST_PAIR
+    names = [n for n in models.PAIR_NAMES if n != TEST_PAIR or show_test]
+    if current not in names:
+        names.append(current)
+    return names
+
+
+def _pair_title(name: str) -> str:
+    try:
+        return models.get_spec(name).title
+    except models.PairError:
+        return name
+
+
+def _pair_caption(name: str) -> str:
+    try:
+        spec = models.get_spec(name)
+    except models.PairError as exc:
+        return str(exc)
+    view = pair_store().peek(name)
+    state = "loaded ✓" if view and view.status == "ready" else f"Load cost: {spec.load_cost}"
+    return f"{spec.description}  \n**{state}**"
+
+
+def sidebar_settings() -> Settings:
+    """Draw the shared sidebar and return the settings it holds (also kept for pages in session_state)."""
+    _init_from_query()
+    sb = st.sidebar
+    for note in st.session_state.pop(K + "notes", []):
+        sb.warning(note, icon=":material/link:")
+    sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True,
+             help="Changes the words and how much is shown, never the run itself.")
+    pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
+    sb.selectbox("Model pair (draft → target)", visible_pairs(pair), key=K + "pair", format_func=_pair_title)
+    sb.caption(_pair_caption(st.session_state[K + "pair"]))
+    sb.radio("Drafter", ("model", "ngram"), key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
+             help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
+    sb.radio("Decoding", ("greedy", "sample"), key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
+             help="Greedy always takes the most likely token; sampling draws from the probabilities.")
+    if st.session_state[K + "mode"] == "sample":
+        sb.slider("Temperature", *TEMPERATURE_RANGE, step=0.05, key=K + "temperature", persist_state="session")
+        sb.slider("Top-p", *TOP_P_RANGE, step=0.05, key=K + "top_p", persist_state="session")
+        sb.number_input("Seed", *SEED_RANGE, step=1, key=K + "seed", persist_state="session",
+                        help="Same seed, same dice: a sampled run replays exactly.")
+    sb.slider("γ — draft length (tokens guessed per round)", *GAMMA_RANGE, key=K + "gamma")
+    sb.slider("Max new tokens", *MAX_NEW_RANGE, key=K + "max_new_tokens")
+    sb.toggle("Presenter mode (large type)", key=K + "presenter")
+    settings = _settings_from_state()
+    st.session_state[K + "settings"] = settings
+    _write_query(to_query(settings), QUERY_KEYS)
+    return settings
+
+
+def _settings_from_state() -> Settings:
+    ss, d = st.session_state, Settings()
+    return Settings(
+        level=ss.get(K + "level", d.level), pair=ss.get(K + "pair", d.pair), drafter=ss.get(K + "drafter", d.drafter),
+        mode=ss.get(K + "mode", d.mode), temperature=float(ss.get(K + "temperature", d.temperature)),
+        top_p=float(ss.get(K + "top_p", d.top_p)), seed=int(ss.get(K + "seed", d.seed)),
+        gamma=int(ss.get(K + "gamma", d.gamma)), max_new_tokens=int(ss.get(K + "max_new_tokens", d.max_new_tokens)),
+        presenter=bool(ss.get(K + "presenter", d.presenter)),
+    )
+
+
+def settings() -> Settings:
+    """The settings the sidebar drew on this run (defaults before it ran)."""
+    return st.session_state.get(K + "settings", Settings())
+
+
+def _write_query(values: Mapping[str, str], owned: Mapping[str, Any]) -> None:
+    """Make the URL hold exactly `values` for the keys this caller owns (others are left alone)."""
+    qp = st.query_params
+    for key in owned:
+        if key in values:
+            if qp.get(key) != values[key]:
+                qp[key] = values[key]
+        elif key in qp:
+            del qp[key]
+
+
+def write_page_query(values: Mapping[str, str], owned: tuple[str, ...]) -> None:
+    """Pages keep their own entries (prompt, preset, …) in the URL too, so a link replays a demo."""
+    _write_query(values, dict.fromkeys(owned))
+
+
+def read_query(key: str) -> str | None:
+    """One raw URL value (pages read theirs once, on the session's first run)."""
+    value = st.query_params.get(key)
+    return None if value is None else str(value)
+
+
+# ------------------------------------------------------------------------------------------
+# Pairs and runs
+# ------------------------------------------------------------------------------------------
+
+
+def get_pair(name: str) -> models.LoadedPair:
+    """The loaded pair, loading it once per server with a progress bar; raises PairError on failure."""
+    view = pair_store().request(name)
+    if view.status == "loading":
+        title = _pair_title(name)
+        bar = st.empty()
+        while view.status == "loading":
+            bar.progress(view.fraction, text=f"Loading {title} (first time only): {view.message}")
+            time.sleep(0.25)
+            view = pair_store().request(name)
+        bar.empty()
+    if view.status == "failed" or view.pair is None:
+        raise models.PairError(view.error or f"could not load {name}")
+    return view.pair
+
+
+def retry_pair(name: str) -> None:
+    """Forget a failed load so the next get_pair tries again."""
+    pair_store().forget(name)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """What a page keeps in session_state about a run: keys into the shared runner, nothing heavy."""
+
+    spec_key: tuple[Any, ...]
+    plain_key: tuple[Any, ...]
+    prompt: str
+    settings: Settings
+
+
+def run_keys(pair: str, prompt: str, s: Settings) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Cache keys of the speculative run and of its target-only baseline (γ and drafter do not change the baseline)."""
+    return ("spec", pair, prompt, s.drafter, s.generation_config()), ("plain", pair, prompt, s.baseline_config())
+
+
+def start_runs(pair: models.LoadedPair, prompt: str, prompt_ids: list[int], s: Settings) -> RunRef:
+    """Queue the speculative run, then the baseline (each reused if it already exists)."""
+    spec_key, plain_key = run_keys(pair.spec.name, prompt, s)
+    drafter = ModelDrafter(pair.draft) if s.drafter == "model" else NgramDrafter()
+    config: GenerationConfig = s.generation_config()
+    ids = list(prompt_ids)
+    runner().submit(spec_key, lambda: speculative_generate(pair.target, drafter, pair.tokenizer, ids, config, pair.eos_ids))
+    base = s.baseline_config()
+    runner().submit(plain_key, lambda: autoregressive_generate(pair.target, pair.tokenizer, ids, base, pair.eos_ids))
+    return RunRef(spec_key, plain_key, prompt, s)
+
+
+def job(key: tuple[Any, ...]) -> Job | None:
+    return runner().get(key)
+
+
+def cancel_runs(old: RunRef, new: RunRef) -> None:
+    """Stop a session's previous run when it starts another (keys the new run shares are kept)."""
+    for key in (old.spec_key, old.plain_key):
+        if key not in (new.spec_key, new.plain_key) and (j := runner().get(key)) is not None and not j.view().finished:
+            j.cancel()
+
+
+# ------------------------------------------------------------------------------------------
+# Styles and lesson text
+# ------------------------------------------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _css(presenter: bool) -> str:
+    css = (ASSETS / "style.css").read_text(encoding="utf-8")
+    if presenter:
+        css += "\nhtml { font-size: 21px !important; } .sv-lane, .sv-text { font-size: 1.25rem; }\n"
+    return f"<style>{css}</style>"
+
+
+def inject_css(presenter: bool) -> None:
+    """The app's stylesheet (and large type in presenter mode)."""
+    st.html(_css(presenter))
+
+
+def lesson_md(level: str, key: str) -> bool:
+    """Show a lesson text if the level has it; returns whether something was shown."""
+    if not has_lesson(level, key):
+        return False
+    st.markdown(lesson(level, key))
+    return True
+
+
+def font_size(s: Settings) -> int:
+    """Chart font size: bigger for a projector."""
+    return 19 if s.presenter else 13

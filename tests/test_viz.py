@@ -1,0 +1,158 @@
+"""Views of recorded runs: frame maths, escaped token strips, figures and trace exports (no model needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from specviz.engine import GenerationConfig, Generation, RoundTrace, TopDist
+from specviz.lessons import labels
+from specviz.viz import export, figures, playback as pb, strip
+
+XSS = "<img src=x onerror=alert(1)>"
+L = labels("d2")
+
+
+def _round(index: int, drafts: tuple[str, ...], n_accepted: int, next_text: str, origin: str = "correction",
+           position: int = 0) -> RoundTrace:
+    k = len(drafts)
+    rejected = n_accepted < k
+    ids = tuple(range(10 + index * 20, 10 + index * 20 + k))
+    top = TopDist((1, 2, 3), (0.6, 0.3, 0.1), ("a", " b", XSS))
+    return RoundTrace(
+        index=index, position=position, draft_ids=ids, draft_texts=drafts,
+        p_draft=tuple(0.5 for _ in drafts), q_draft=tuple(0.8 for _ in drafts),
+        accept_probs=tuple(0.625 for _ in drafts), uniforms=tuple(0.1 if i < n_accepted else 0.9 for i in range(k)),
+        accepted=tuple(i < n_accepted for i in range(k)), n_accepted=n_accepted,
+        next_id=3 if rejected else 7, next_text=next_text, next_origin=origin if k else "target",
+        p_top=top, q_top=TopDist((2, 1), (0.7, 0.3), (" b", "a")) if rejected else None,
+        residual_top=TopDist((1, 3), (0.8, 0.2), ("a", XSS)), draft_ms=2.0 * k, verify_ms=10.0,
+    )
+
+
+@pytest.fixture()
+def rounds() -> tuple[RoundTrace, ...]:
+    return (
+        _round(0, ("def", " f", "(", "x"), 2, XSS),  # 2 kept, rejected at 3, correction
+        _round(1, ("a", "b"), 2, "!", "bonus", position=3),  # all kept, bonus
+        _round(2, (), 0, "z", position=6),  # nothing drafted (n-gram found nothing)
+    )
+
+
+def _generation(rounds: tuple[RoundTrace, ...]) -> Generation:
+    tokens = tuple(t for r in rounds for t in r.new_ids)
+    return Generation("speculative", "model", GenerationConfig(max_new_tokens=8, gamma=4), (1, 2), tokens, "text",
+                      rounds, 1.0, sum(pb.round_ms(r) for r in rounds), "max_new_tokens")
+
+
+def test_frames_per_round_and_locate(rounds):
+    assert [pb.round_frames(r) for r in rounds] == [4 + 3 + 1, 2 + 2 + 1, 1]
+    assert pb.total_frames(rounds) == 14
+    assert pb.locate(rounds, 0) == pb.Cursor(0, 0, 0)
+    assert pb.locate(rounds, 8) == pb.Cursor(1, 0, 8)
+    assert pb.locate(rounds, 999) == pb.Cursor(2, 0, 13)
+    assert pb.locate((), 3) is None
+    assert pb.round_end_frame(rounds, 0) == 7 and pb.round_end_frame(rounds, 1) == 12
+    assert pb.locate(rounds, 7).complete(rounds) and not pb.locate(rounds, 6).complete(rounds)
+
+
+def test_lane_states_sweep(rounds):
+    r = rounds[0]
+    assert pb.lane_state(r, 0) == pb.LaneState(1, 0, False, "draft")
+    assert pb.lane_state(r, 3) == pb.LaneState(4, 0, False, "draft")
+    assert pb.lane_state(r, 4) == pb.LaneState(4, 1, False, "verify")
+    assert pb.lane_state(r, 6) == pb.LaneState(4, 3, False, "verify")
+    assert pb.lane_state(r, 7) == pb.LaneState(4, 3, True, "final")
+
+
+def test_text_segments_follow_the_sweep(rounds):
+    r = rounds[0]
+    drafting = pb.round_segments(r, pb.lane_state(r, 3))
+    assert [s.kind for s in drafting] == ["pending"] * 4
+    swept = pb.round_segments(r, pb.lane_state(r, 6))  # 2 accepted, 3rd rejected: it and the 4th vanish
+    assert [(s.text, s.kind) for s in swept] == [("def", "accepted"), (" f", "accepted")]
+    full = pb.text_segments(rounds, pb.locate(rounds, 13))
+    assert "".join(s.text for s in full) == "def f" + XSS + "ab!z"
+    assert [s.kind for s in full][-3:] == ["accepted", "bonus", "target"]
+
+
+def test_running_points_and_race(rounds):
+    pts = pb.running_points(rounds, base_ms_per_token=20.0)
+    assert [p.round for p in pts] == [1, 2, 3]
+    assert pts[0].acceptance == pytest.approx(2 / 4) and pts[1].acceptance == pytest.approx(4 / 6)
+    assert pts[0].tokens_per_call == 3.0
+    assert pts[0].speedup == pytest.approx(20.0 / ((8 + 10) / 3))
+    assert pb.running_points(rounds, None)[0].speedup is None
+    tl = pb.race_timeline(rounds, max_tokens=6)
+    assert tl.tokens == (3, 6, 6) and tl.total_ms == pytest.approx(18 + 14 + 10)
+    assert tl.at(0) == (0, 0) and tl.at(18) == (1, 3)
+    assert tl.text_at(1e9) == "def f" + XSS + "ab!"
+
+
+def test_token_strip_escapes_model_text(rounds):
+    """Model and user text must never become markup: an <img onerror> stays inert text."""
+    r = rounds[0]
+    lane = strip.lane_html(r, pb.full_lane(r), L, current=True, detail=XSS)
+    text = strip.text_html(XSS, pb.text_segments(rounds, pb.locate(rounds, 13)), L)
+    table = strip.rule_table_html(_round(0, (XSS,), 0, "x"), 0, "d2", True)
+    race = strip.race_html(XSS, XSS, 1, 2, True, "sv-spec")
+    for html_out in (lane, text, table, race):
+        assert "<img" not in html_out and "onerror=alert(1)&gt;" in html_out
+        assert "&lt;img" in html_out
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text + race
+    assert strip.token_label("a\nb\t") == "a↵b⇥" and strip.token_label("") == "∅"
+    assert strip.token_label(" x") == '<span class="sv-ws">·</span>x'
+    assert strip.esc('"') == "&quot;"
+
+
+def test_lane_marks_and_struck_tokens(rounds):
+    r = rounds[0]
+    lane = strip.lane_html(r, pb.full_lane(r), L)
+    assert lane.count("sv-acc") == 2 and lane.count("sv-rej") == 1 and lane.count("sv-struck") == 1
+    assert "✓" in lane and "✗" in lane and "sv-cor" in lane
+    bonus = strip.lane_html(rounds[1], pb.full_lane(rounds[1]), L)
+    assert "sv-bon" in bonus and "★" in bonus
+    mid = strip.lane_html(r, pb.lane_state(r, 2), L)
+    assert mid.count("sv-pend") == 3 and "sv-slot" in mid
+
+
+def test_markdown_escape_for_widget_labels():
+    assert strip.md_escape("*a*_$x$") == r"\*a\*\_\$x\$"
+    label = strip.pill_label(_round(0, ("**bold**",), 0, "x"), 0, True)
+    assert label.startswith("1: \\*\\*bold") and label.endswith("✗")
+
+
+def test_speed_words_have_no_numbers():
+    for x in (None, 0.5, 1.0, 1.3, 2.0, 3.0, 9.0):
+        assert not any(ch.isdigit() for ch in strip.speed_words(x))
+
+
+def test_figures_build(rounds):
+    fig = figures.rejection_figure(rounds[0], L)
+    assert isinstance(fig, go.Figure) and len(fig.data) == 3
+    assert all("<img" not in t for t in fig.layout.xaxis.ticktext)
+    assert figures.rejection_figure(rounds[1], L) is None  # a bonus round has no rejection
+    assert len(figures.running_figure(pb.running_points(rounds, 20.0), L).data) == 2
+    assert len(figures.running_figure(pb.running_points(rounds, None), L).data) == 1
+    tl = pb.race_timeline(rounds)
+    assert len(figures.race_figure(tl, tl, L).data) == 2
+    assert len(figures.tradeoff_figure(0.7, 0.1, 4, 1.8, L).data) == 3
+    assert len(figures.verify_cost_figure(rounds, rounds, L).data) == 2
+
+
+def test_trace_csv_and_json(rounds):
+    gen = _generation(rounds)
+    frame = export.trace_frame(gen)
+    assert list(frame.columns) == list(export.CSV_COLUMNS)
+    assert len(frame) == 4 + 1 + 2 + 1 + 1
+    assert list(frame[frame["round"] == 0]["verdict"]) == ["accepted", "accepted", "rejected", "discarded", "added"]
+    back = pd.read_csv(__import__("io").StringIO(export.trace_csv(gen)))
+    assert back["token_text"].tolist()[4] == XSS
+    doc = json.loads(export.trace_json(gen, gen, {"prompt": XSS}))
+    assert doc["meta"]["prompt"] == XSS
+    assert doc["summary"]["speedup"] == pytest.approx(1.0)
+    assert len(doc["speculative"]["rounds"]) == 3 and doc["baseline"]["kind"] == "speculative"
+    assert doc["speculative"]["rounds"][0]["p_top"]["texts"][2] == XSS
