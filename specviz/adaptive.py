@@ -24,11 +24,13 @@ class AdaptiveGamma:
       that doubles after every failed probe.
     """
 
-    max_gamma: int = 8  # ceiling of a draft; the confidence stop usually ends it sooner
+    max_gamma: int = 16  # ceiling of a draft; the confidence stop usually ends it sooner
     window: int = 6  # drafting rounds that make the recent throughput estimate
+    min_rounds: int = 3  # drafting rounds measured before judging (one round is too noisy to switch on)
     probe_after: int = 8  # plain rounds before the first probe after drafting was switched off
     max_backoff: int = 64  # longest run of plain rounds between probes
     margin: float = 1.0  # drafting must be at least this many times the plain throughput
+    clear_win: float = 2.5  # tokens per drafting round that pay on any machine measured (verify <= 1.5 steps)
 
     def new_policy(self) -> "GammaPolicy":
         return GammaPolicy(self)
@@ -45,21 +47,22 @@ class GammaPolicy:
 
     def __call__(self, rounds: Sequence["RoundTrace"]) -> int:
         cfg = self.cfg
-        plain = [r.verify_ms for r in rounds if not r.draft_ids]
-        if not plain:
-            return 0  # the first round is a plain step: it measures what one target step costs here
         if self.plain_goal:
             if _trailing_plain(rounds) < self.plain_goal:
                 return 0
             self.plain_goal, self.since = 0, len(rounds)  # probe: judge drafting afresh
             return cfg.max_gamma
         drafting = [r for r in rounds[self.since :] if r.draft_ids][-cfg.window :]
-        if not drafting:
+        if len(drafting) < cfg.min_rounds:
             return cfg.max_gamma
-        step_ms = statistics.median(plain[-cfg.window :])
-        ms = sum(r.draft_ms + r.verify_ms for r in drafting)
         tokens = sum(len(r.new_ids) for r in drafting)
-        if tokens / ms >= cfg.margin / step_ms:
+        if tokens / len(drafting) >= cfg.clear_win:
+            return cfg.max_gamma  # clearly paying: no need to spend a plain step measuring it
+        plain = [r.verify_ms for r in rounds if not r.draft_ids]
+        if not plain:
+            return 0  # one plain step measures what a target step costs here
+        step_ms = statistics.median(plain[-cfg.window :])
+        if tokens / sum(r.draft_ms + r.verify_ms for r in drafting) >= cfg.margin / step_ms:
             self.backoff = cfg.probe_after
             return cfg.max_gamma
         # drafting lost: go plain, and wait twice as long after each failed probe in a row

@@ -191,6 +191,36 @@ def speculative_generate(
     Yields a RoundTrace after every round and returns the Generation. Greedy output is
     token-identical to `autoregressive_generate`; sampled output follows the target's p.
     """
+    if gamma_policy is None and config.adaptive:
+        gamma_policy = AdaptiveGamma(max_gamma=config.gamma).new_policy()
+    return _generate(target, drafter, tokenizer, prompt_ids, config, eos_ids, gamma_policy)
+
+
+def autoregressive_generate(
+    target: torch.nn.Module,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    eos_ids: Sequence[int] = (),
+) -> GenIter:
+    """The baseline: one target pass per token, same sampling transform and seed semantics.
+
+    It is the speculative loop with nothing ever drafted: each step is a RoundTrace with an
+    empty draft and origin "target", and the token comes from the same rule (a bonus from p).
+    """
+    return _generate(target, None, tokenizer, prompt_ids, config, eos_ids, None)
+
+
+def _generate(
+    target: torch.nn.Module,
+    drafter: Drafter | None,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    config: GenerationConfig,
+    eos_ids: Sequence[int],
+    gamma_policy: Callable[[Sequence[RoundTrace]], int] | None,
+) -> GenIter:
+    """The one decoding loop behind both public generators (drafter None = target only)."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     sampling = config.sampling
@@ -198,26 +228,25 @@ def speculative_generate(
     texts = TokenTexts(tokenizer)
     eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
     vocab = target.config.vocab_size  # p and q must share it
+    no_draft = Draft((), torch.zeros(0, vocab))
     ids, rounds = list(prompt_ids), []
     stop: StopReason | None = None
-    if gamma_policy is None and config.adaptive:
-        gamma_policy = AdaptiveGamma(max_gamma=config.gamma).new_policy()
 
     t0 = time.perf_counter()
     target_lm = CachedLM(target)
     target_lm.prefill(ids)
-    session = drafter.start(ids, sampling, vocab)
+    session = drafter.start(ids, sampling, vocab) if drafter else None
     prefill_ms, t_decode = _ms_since(t0), time.perf_counter()
 
     while stop is None:
         produced = len(ids) - len(prompt_ids)
         budget = config.max_new_tokens - produced
         gamma = gamma_policy(rounds) if gamma_policy else config.gamma
-        k_max = max(0, min(gamma, budget - 1))  # never draft past the budget: the target adds one anyway
+        k_max = max(0, min(gamma, budget - 1)) if session else 0  # never draft past the budget
 
         t = time.perf_counter()
-        draft = session.propose(ids, k_max, gen) if k_max else Draft((), torch.zeros(0, vocab))
-        draft_ms = _ms_since(t)
+        draft = session.propose(ids, k_max, gen) if k_max else no_draft
+        draft_ms = _ms_since(t) if k_max else 0.0
 
         t = time.perf_counter()
         p = logits_to_probs(target_lm.logits(ids + list(draft.tokens), len(draft.tokens) + 1), sampling)  # (k+1, V)
@@ -232,54 +261,8 @@ def speculative_generate(
 
     new = tuple(ids[len(prompt_ids):])
     return Generation(
-        kind="speculative", drafter=drafter.name, config=config, prompt_ids=tuple(prompt_ids), tokens=new,
-        text=tokenizer.decode(list(new), skip_special_tokens=True), rounds=tuple(rounds),
-        prefill_ms=prefill_ms, decode_ms=_ms_since(t_decode), stop_reason=stop,
-    )
-
-
-def autoregressive_generate(
-    target: torch.nn.Module,
-    tokenizer: Any,
-    prompt_ids: Sequence[int],
-    config: GenerationConfig,
-    eos_ids: Sequence[int] = (),
-) -> GenIter:
-    """The baseline: one target pass per token, same sampling transform and seed semantics.
-
-    Each step is a RoundTrace with an empty draft and origin "target".
-    """
-    if not prompt_ids:
-        raise ValueError("the prompt is empty")
-    sampling = config.sampling
-    gen = sampling.make_generator(target.device)  # rand/multinomial need it on the tensors' device
-    texts = TokenTexts(tokenizer)
-    eos = frozenset(eos_ids) if config.stop_at_eos else frozenset()
-    ids, rounds = list(prompt_ids), []
-    stop: StopReason | None = None
-    no_draft = Draft((), torch.zeros(0, target.config.vocab_size))
-
-    t0 = time.perf_counter()
-    target_lm = CachedLM(target)
-    target_lm.prefill(ids)
-    prefill_ms, t_decode = _ms_since(t0), time.perf_counter()
-
-    while stop is None:
-        produced = len(ids) - len(prompt_ids)
-        t = time.perf_counter()
-        p = logits_to_probs(target_lm.logits(ids, 1), sampling)  # (1, V)
-        # an empty draft makes the rule draw straight from p: the same code path as a bonus token
-        verdict = verify_draft(p, no_draft.q, torch.zeros(0, dtype=torch.long), gen)
-        verify_ms = _ms_since(t)
-        trace = _round_trace(len(rounds), produced, no_draft, p.cpu(), verdict, texts, config.trace_top_n, 0.0, verify_ms)
-        new_ids, stop = _finish([verdict.next_token], config.max_new_tokens - produced, eos)
-        ids.extend(new_ids)
-        rounds.append(trace)
-        yield trace
-
-    new = tuple(ids[len(prompt_ids):])
-    return Generation(
-        kind="autoregressive", drafter="none", config=config, prompt_ids=tuple(prompt_ids), tokens=new,
+        kind="speculative" if drafter else "autoregressive", drafter=drafter.name if drafter else "none",
+        config=config, prompt_ids=tuple(prompt_ids), tokens=new,
         text=tokenizer.decode(list(new), skip_special_tokens=True), rounds=tuple(rounds),
         prefill_ms=prefill_ms, decode_ms=_ms_since(t_decode), stop_reason=stop,
     )

@@ -107,10 +107,17 @@ def verify_draft(
         origin: Origin = "correction"
     else:
         residual, origin = p[gamma], "bonus"
-    next_token = int(torch.multinomial(residual, 1, generator=generator))
+    next_token = sample_from(residual, generator)
     return Verdict(n, next_token, origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one id from a (V,) distribution (one-hot in greedy mode, so exactly the argmax)."""
+    """Draw one id from a (V,) distribution.
+
+    A one-hot row (every greedy step) has only one possible draw: take its argmax and skip
+    multinomial, which costs ~2 ms per token over a 152k vocabulary on a CPU.
+    """
+    top, arg = probs.max(dim=-1)
+    if top >= 1.0:
+        return int(arg)
     return int(torch.multinomial(probs, 1, generator=generator))

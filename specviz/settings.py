@@ -33,7 +33,8 @@ class Settings:
     temperature: float = 0.8  # only used when sampling
     top_p: float = 0.95  # only used when sampling
     seed: int = 0  # only used when sampling: same seed, same dice
-    gamma: int = 4  # draft length γ: tokens guessed per round
+    gamma: int = 4  # draft length γ: tokens guessed per round (the ceiling when adaptive)
+    adaptive: bool = False  # let the engine choose 0..γ each round (specviz.adaptive)
     max_new_tokens: int = 64  # stop after this many new tokens
     presenter: bool = False  # large type for a projector
 
@@ -45,7 +46,8 @@ class Settings:
 
     def generation_config(self) -> GenerationConfig:
         """The engine config of a speculative run with these settings."""
-        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=self.gamma, sampling=self.sampling)
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=self.gamma, adaptive=self.adaptive,
+                                sampling=self.sampling)
 
     def baseline_config(self) -> GenerationConfig:
         """The target-only run's config: γ does not matter there, so it is fixed (one baseline serves every γ)."""
@@ -55,7 +57,8 @@ class Settings:
 DEFAULTS = Settings()
 QUERY_KEYS: dict[str, str] = {  # query-string name -> Settings field
     "level": "level", "pair": "pair", "drafter": "drafter", "mode": "mode", "temp": "temperature",
-    "top_p": "top_p", "seed": "seed", "gamma": "gamma", "max_new": "max_new_tokens", "present": "presenter",
+    "top_p": "top_p", "seed": "seed", "gamma": "gamma", "adaptive": "adaptive",
+    "max_new": "max_new_tokens", "present": "presenter",
 }
 
 
@@ -90,6 +93,10 @@ def _choice(name: str, raw: str, allowed: Sequence[str], notes: list[str]) -> st
     return None
 
 
+def _flag(raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
 def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[Settings, list[str]]:
     """Settings from a query string; bad values are clamped or ignored, each with a friendly note."""
     notes: list[str] = []
@@ -116,7 +123,9 @@ def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[S
     if "max_new" in get:
         found["max_new_tokens"] = _clamp_number("max_new", get["max_new"], int, *MAX_NEW_RANGE, notes)
     if "present" in get:
-        found["presenter"] = get["present"].strip().lower() in ("1", "true", "yes", "on")
+        found["presenter"] = _flag(get["present"])
+    if "adaptive" in get:
+        found["adaptive"] = _flag(get["adaptive"])
     default_pair = DEFAULTS.pair if DEFAULTS.pair in pair_names else (pair_names[0] if pair_names else DEFAULTS.pair)
     base = replace(DEFAULTS, pair=default_pair)
     return replace(base, **{k: v for k, v in found.items() if v is not None}), notes

@@ -15,7 +15,7 @@ from typing import Any
 import streamlit as st
 
 from specviz import models
-from specviz.drafters import ModelDrafter, NgramDrafter
+from specviz.drafters import ModelDrafter, make_drafter
 from specviz.engine import GAMMA_RANGE, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from specviz.lessons import has_lesson, lesson
 from specviz.live import Job, PairStore, Runner
@@ -102,7 +102,8 @@ def _init_from_query() -> None:
         return
     params = st.query_params.to_dict()
     settings, notes = parse_query(params, _known_pairs(params))
-    for name in ("level", "pair", "drafter", "mode", "temperature", "top_p", "seed", "gamma", "max_new_tokens", "presenter"):
+    for name in ("level", "pair", "drafter", "mode", "temperature", "top_p", "seed", "gamma", "adaptive", "max_new_tokens",
+                 "presenter"):
         st.session_state[K + name] = getattr(settings, name)
     st.session_state[K + "notes"] = notes
     st.session_state[K + "ready"] = True
@@ -154,7 +155,11 @@ def sidebar_settings() -> Settings:
         sb.slider("Top-p", *TOP_P_RANGE, step=0.05, key=K + "top_p", persist_state="session")
         sb.number_input("Seed", *SEED_RANGE, step=1, key=K + "seed", persist_state="session",
                         help="Same seed, same dice: a sampled run replays exactly.")
-    sb.slider("γ — draft length (tokens guessed per round)", *GAMMA_RANGE, key=K + "gamma")
+    adaptive = sb.toggle("Adaptive γ", key=K + "adaptive",
+                         help="Let the engine choose the draft length each round: long while the helper is sure "
+                         "and right, nothing while drafting does not pay. γ below is then the most it may draft.")
+    sb.slider("γ — most tokens guessed per round" if adaptive else "γ — draft length (tokens guessed per round)",
+              *GAMMA_RANGE, key=K + "gamma")
     sb.slider("Max new tokens", *MAX_NEW_RANGE, key=K + "max_new_tokens")
     sb.toggle("Presenter mode (large type)", key=K + "presenter")
     settings = _settings_from_state()
@@ -169,7 +174,8 @@ def _settings_from_state() -> Settings:
         level=ss.get(K + "level", d.level), pair=ss.get(K + "pair", d.pair), drafter=ss.get(K + "drafter", d.drafter),
         mode=ss.get(K + "mode", d.mode), temperature=float(ss.get(K + "temperature", d.temperature)),
         top_p=float(ss.get(K + "top_p", d.top_p)), seed=int(ss.get(K + "seed", d.seed)),
-        gamma=int(ss.get(K + "gamma", d.gamma)), max_new_tokens=int(ss.get(K + "max_new_tokens", d.max_new_tokens)),
+        gamma=int(ss.get(K + "gamma", d.gamma)), adaptive=bool(ss.get(K + "adaptive", d.adaptive)),
+        max_new_tokens=int(ss.get(K + "max_new_tokens", d.max_new_tokens)),
         presenter=bool(ss.get(K + "presenter", d.presenter)),
     )
 
@@ -245,7 +251,7 @@ def run_keys(pair: str, prompt: str, s: Settings) -> tuple[tuple[Any, ...], tupl
 def start_runs(pair: models.LoadedPair, prompt: str, prompt_ids: list[int], s: Settings) -> RunRef:
     """Queue the speculative run, then the baseline (each reused if it already exists)."""
     spec_key, plain_key = run_keys(pair.spec.name, prompt, s)
-    drafter = ModelDrafter(pair.draft) if s.drafter == "model" else NgramDrafter()
+    drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
     config: GenerationConfig = s.generation_config()
     ids = list(prompt_ids)
     runner().submit(spec_key, lambda: speculative_generate(pair.target, drafter, pair.tokenizer, ids, config, pair.eos_ids))

@@ -28,28 +28,34 @@ def _drive(policy, outcome, rounds_n=60):
     return gammas
 
 
-def test_first_round_is_a_plain_calibration_step():
-    assert AdaptiveGamma().new_policy()([]) == 0
+def test_drafts_from_the_first_round():
+    assert AdaptiveGamma(max_gamma=16).new_policy()([]) == 16
 
 
-def test_keeps_drafting_while_it_pays():
-    # 4 drafted, 4 accepted + 1: 5 tokens for 40 + 200 ms, vs 100 ms per plain step
+def test_keeps_drafting_while_it_clearly_pays_without_a_calibration_step():
+    # 4 drafted, 4 accepted + 1: 5 tokens a round
     gammas = _drive(AdaptiveGamma(max_gamma=8).new_policy(), lambda g: _round(g and 4, g and 4, 40.0 * bool(g), 200.0 if g else 100.0))
-    assert gammas[0] == 0 and all(g == 8 for g in gammas[1:])
+    assert all(g == 8 for g in gammas)
+
+
+def test_measures_a_plain_step_when_in_doubt_and_keeps_drafting_if_it_still_pays():
+    # 2 tokens a round for 40 + 110 ms: 75 ms a token vs 100 ms per plain step
+    gammas = _drive(AdaptiveGamma(max_gamma=8, min_rounds=3).new_policy(),
+                    lambda g: _round(g and 4, 1 if g else 0, 40.0 * bool(g), 110.0 if g else 100.0), rounds_n=30)
+    assert gammas[:4] == [8, 8, 8, 0]  # three rounds judged, then one plain step to compare with
+    assert all(g == 8 for g in gammas[4:])
 
 
 def test_switches_off_when_drafting_loses_and_probes_with_backoff():
     # every draft rejected: 1 token for 40 + 200 ms, vs 100 ms per plain step
-    gammas = _drive(
-        AdaptiveGamma(max_gamma=8, probe_after=4).new_policy(),
-        lambda g: _round(g and 4, 0, 40.0 * bool(g), 200.0 if g else 100.0),
-        rounds_n=80,
-    )
-    drafting_rounds = [i for i, g in enumerate(gammas) if g]
-    assert drafting_rounds[0] == 1  # one losing round after the calibration step switches it off...
-    gaps = [b - a for a, b in zip(drafting_rounds, drafting_rounds[1:])]
-    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # ...then ever longer plain stretches between probes
-    assert sum(1 for g in gammas if g) <= 8
+    cfg = AdaptiveGamma(max_gamma=8, probe_after=4, min_rounds=3)
+    gammas = _drive(cfg.new_policy(), lambda g: _round(g and 4, 0, 40.0 * bool(g), 200.0 if g else 100.0), rounds_n=90)
+    pattern = "".join("d" if g else "p" for g in gammas)
+    drafting_runs = [len(e) for e in pattern.split("p") if e]
+    plain_runs = [len(e) for e in pattern.strip("p").split("d") if e]
+    assert pattern.startswith("dddp")  # judged after min_rounds, with one plain step to compare
+    assert set(drafting_runs) == {3}  # each probe is judged on min_rounds rounds, then switched off
+    assert plain_runs[:3] == [4, 8, 16]  # the wait (calibration step included) doubles after each failed probe
 
 
 def test_a_successful_probe_turns_drafting_back_on():
@@ -83,7 +89,6 @@ def test_adaptive_greedy_is_lossless(drafter_kind):
     base = run_to_end(autoregressive_generate(target, TOK, PROMPT, cfg))
     spec = run_to_end(speculative_generate(target, drafter, TOK, PROMPT, cfg))
     assert spec.tokens == base.tokens
-    assert not spec.rounds[0].draft_ids  # the calibration step
     assert max(len(r.draft_ids) for r in spec.rounds) <= 8
 
 
