@@ -339,8 +339,7 @@ def effective_gamma(method: Method, gen: Generation) -> float | None:
         return None
     if method.drafter == "model" and not method.adaptive:
         return float(method.gamma)
-    drafted = [len(r.draft_ids) for r in gen.rounds if r.draft_ids]
-    return statistics.mean(drafted) if drafted else None
+    return metrics.mean_draft_length(gen.rounds)
 
 
 def measure(pair: Any, pair_name: str, workload: Workload, method: Method, prompt_ids: Sequence[int],

@@ -26,6 +26,12 @@ def draft_ms_per_token(rounds: Sequence[RoundTrace]) -> float | None:
     return sum(r.draft_ms for r in rounds) / drafted if drafted else None
 
 
+def mean_draft_length(rounds: Sequence[RoundTrace]) -> float | None:
+    """Tokens drafted per drafting round: the γ actually used when drafts vary (adaptive, n-gram)."""
+    drafted = [len(r.draft_ids) for r in rounds if r.draft_ids]
+    return sum(drafted) / len(drafted) if drafted else None
+
+
 def target_ms_per_step(baseline: Generation) -> float | None:
     """One target forward of one new token, from a target-only run (median: robust to hiccups)."""
     steps = [r.verify_ms for r in baseline.rounds]
@@ -40,14 +46,14 @@ def measured_c(rounds: Sequence[RoundTrace], target_step_ms: float | None) -> fl
     return per_token / target_step_ms
 
 
-def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+def expected_tokens_per_round(alpha: float, gamma: float) -> float:
     """(1 - α^(γ+1)) / (1 - α): the accepted prefix plus the target's own token, on average."""
     if alpha >= 1.0:
         return float(gamma + 1)
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def expected_speedup(alpha: float, gamma: int, c: float) -> float:
+def expected_speedup(alpha: float, gamma: float, c: float) -> float:
     """(1 - α^(γ+1)) / ((1 - α)(γc + 1)): walltime gain if a verify pass costs one target step."""
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
 
@@ -71,7 +77,7 @@ class Summary:
     acceptance_rate: float | None
     tokens_per_target_call: float | None
     ms_per_token: float
-    gamma: int
+    gamma: float  # the configured γ, or the mean drafted per drafting round when adaptive
     c: float | None = None
     expected_speedup: float | None = None
     speedup: float | None = None
@@ -81,11 +87,13 @@ class Summary:
 def summarize(spec: Generation, baseline: Generation | None = None) -> Summary:
     """All figures of a run, with the baseline-derived ones when a baseline is given."""
     alpha = acceptance_rate(spec.rounds)
-    gamma = spec.config.gamma
+    gamma: float = spec.config.gamma
+    if spec.config.adaptive or spec.drafter == "ngram":
+        gamma = mean_draft_length(spec.rounds) or 0.0
     if baseline is None:
         return Summary(alpha, tokens_per_target_call(spec.rounds), spec.ms_per_token, gamma)
     c = measured_c(spec.rounds, target_ms_per_step(baseline))
-    expected = expected_speedup(alpha, gamma, c) if alpha is not None and c is not None else None
+    expected = expected_speedup(alpha, gamma, c) if alpha is not None and c is not None and gamma else None
     return Summary(
         alpha, tokens_per_target_call(spec.rounds), spec.ms_per_token, gamma,
         c, expected, measured_speedup(baseline, spec), baseline.ms_per_token,

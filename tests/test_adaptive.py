@@ -5,6 +5,7 @@ import pytest
 from specviz.adaptive import AdaptiveGamma
 from specviz.drafters import ModelDrafter, make_drafter
 from specviz.engine import GenerationConfig, RoundTrace, autoregressive_generate, run_to_end, speculative_generate
+from specviz.metrics import summarize
 from specviz.sampling import SamplingConfig
 from tests.test_engine import PROMPT, TOK, WrongDrafter, tiny_lm
 
@@ -99,3 +100,13 @@ def test_confidence_stop_shortens_drafts():
     short = run_to_end(speculative_generate(target, ModelDrafter(draft, min_confidence=0.99), TOK, PROMPT, cfg))
     assert short.tokens == full.tokens
     assert short.drafted / len(short.rounds) < full.drafted / len(full.rounds)
+
+
+def test_summary_uses_the_draft_length_actually_used_when_adaptive():
+    target = tiny_lm(0)
+    cfg = GenerationConfig(max_new_tokens=40, gamma=16, adaptive=True, sampling=SamplingConfig("greedy"))
+    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, cfg))
+    spec = run_to_end(speculative_generate(target, ModelDrafter(target, min_confidence=0.4, min_tokens=3), TOK, PROMPT, cfg))
+    drafted = [len(r.draft_ids) for r in spec.rounds if r.draft_ids]
+    assert summarize(spec, base).gamma == pytest.approx(sum(drafted) / len(drafted))
+    assert summarize(spec, base).gamma <= 16

@@ -121,14 +121,14 @@ def race_figure(spec: RaceTimeline, plain: RaceTimeline, labels: Labels, font_si
                    yaxis=dict(title=labels.get("tokens", "tokens")))
 
 
-def tradeoff_figure(alpha: float, c: float, gamma: int, measured: float | None, labels: Labels,
+def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None, labels: Labels,
                     font_size: int = 14) -> go.Figure:
     """Leviathan's expected speed-up against γ for the measured α and c, with this run marked."""
     gammas = list(range(1, 17))
     fig = go.Figure()
     fig.add_scatter(x=gammas, y=[expected_speedup(alpha, g, c) for g in gammas], mode="lines+markers",
                     name=labels.get("expected", "expected"), line=dict(color=SPEED_COLOUR))
-    fig.add_scatter(x=[gamma], y=[expected_speedup(alpha, gamma, c)], mode="markers", name=f"γ = {gamma}",
+    fig.add_scatter(x=[gamma], y=[expected_speedup(alpha, gamma, c)], mode="markers", name=f"γ = {gamma:.3g}",
                     marker=dict(size=14, symbol="circle-open", color=SPEED_COLOUR, line=dict(width=3)))
     if measured is not None:
         fig.add_scatter(x=[gamma], y=[measured], mode="markers", name=labels.get("measured", "measured"),
