@@ -101,6 +101,14 @@ def check_result(res: dict, *, pair: str, mode: str, gamma: int, max_new: int, b
 # the JSON contract on the tiny random pair (instant, no files)
 
 
+def test_json_adaptive_gamma_is_lossless_and_never_drafts_past_the_ceiling():
+    res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--max-new-tokens", "30",
+                   "--gamma", "8", "--adaptive", "--baseline", "-q")
+    check_result(res, pair="tiny-random", mode="greedy", gamma=8, max_new=30, baseline=True)
+    assert res["adaptive"] is True and res["identical_to_baseline"] is True
+    assert all(len(r["draft_tokens"]) <= 8 for r in res["rounds"])
+
+
 def test_json_greedy_with_baseline_tiny_random():
     res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--max-new-tokens", "20",
                    "--gamma", "3", "--baseline", "-q")
