@@ -135,8 +135,9 @@ class NgramDrafter:
 
 DRAFTER_KINDS = ("model", "ngram")
 ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transformers defaults to 0.4)
-# Measured on the 2-core CPU with qwen-coder's 1.5B target: a pass over 2 new tokens costs ~1.5x
-# a pass over 3-5 (the BLAS kernel for 2 rows is slow), so an adaptive draft is at least 3 long.
+# Measured on the 2-core CPU with qwen-coder's 1.5B target, relative to a one-token step: a pass
+# over 2 or 3 new tokens costs 2.1x and 3.0x, over 4 to 17 only 1.9-2.4x (the matrix kernel for so
+# few rows is slow), so an adaptive draft is at least 3 long and its verify pass at least 4.
 ADAPTIVE_MIN_TOKENS = 3
 
 
