@@ -9,6 +9,10 @@ st.set_page_config(page_title="specviz — speculative decoding, live", page_ico
 
 PAGES = [
     st.Page("pages/watch.py", title="Watch it work", icon=":material/play_circle:", default=True, url_path="watch"),
+    st.Page("pages/same_answer.py", title="Same answer", icon=":material/rule:", url_path="same-answer"),
+    st.Page("pages/how_far.py", title="How far to guess", icon=":material/straighten:", url_path="how-far"),
+    st.Page("pages/where_it_helps.py", title="Where it helps", icon=":material/bar_chart:", url_path="where-it-helps"),
+    st.Page("pages/why_cheap.py", title="Why checking is cheap", icon=":material/memory:", url_path="why-cheap"),
 ]
 
 page = st.navigation(PAGES, position="sidebar")

@@ -1,15 +1,12 @@
-"""Background model loading and generation jobs for a server: thread-safe, bounded, one model run at a time."""
+"""Background model loading and model jobs for a server: thread-safe, bounded, one model run at a time."""
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
-
-from specviz.engine import GenIter, Generation, RoundTrace
 
 LoadStatus = Literal["loading", "ready", "failed"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -80,30 +77,62 @@ class PairStore(Generic[T]):
             load.view = LoadView("ready", 1.0, "ready", pair, None)
 
 
+# A job is any generator: it yields items as it goes (RoundTraces of a generation, or Progress
+# records of a lab measurement) and returns its result (a Generation, a lab result).
+JobSteps = Generator[Any, None, Any]
+
+
+class RunnerBusy(RuntimeError):
+    """The queue is full: the page asks the pupil to try again in a moment instead of piling up work."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a long lab job yields as it goes: `done` of `total` units, and what it is doing."""
+
+    done: int
+    total: int
+    message: str
+
+    @property
+    def fraction(self) -> float:
+        return 0.0 if self.total <= 0 else max(0.0, min(1.0, self.done / self.total))
+
+
 @dataclass(frozen=True)
 class JobView:
-    """A snapshot of one generation job: the rounds so far and, when done, the Generation."""
+    """A snapshot of one job: the items it yielded so far (rounds) and, when done, its result."""
 
     state: JobState
-    rounds: tuple[RoundTrace, ...]
-    generation: Generation | None
+    rounds: tuple[Any, ...]  # every yielded item: RoundTraces of a generation, Progress of a lab job
+    generation: Any  # the returned result (a Generation for generation jobs) once done
     error: str | None
 
     @property
     def finished(self) -> bool:
         return self.state in ("done", "failed", "cancelled")
 
+    @property
+    def result(self) -> Any:
+        return self.generation
+
+    @property
+    def progress(self) -> Progress | None:
+        """The last Progress the job yielded, if it yields any."""
+        last = self.rounds[-1] if self.rounds else None
+        return last if isinstance(last, Progress) else None
+
 
 class Job:
-    """One generation drained in the worker thread; rounds appear here as they are made."""
+    """One job drained in the worker thread; its yielded items appear here as they are made."""
 
-    def __init__(self, key: Hashable, make: Callable[[], GenIter]) -> None:
+    def __init__(self, key: Hashable, make: Callable[[], JobSteps]) -> None:
         self.key = key
         self._make = make
         self._lock = threading.Lock()
-        self._rounds: list[RoundTrace] = []
+        self._rounds: list[Any] = []
         self._state: JobState = "queued"
-        self._generation: Generation | None = None
+        self._generation: Any = None
         self._error: str | None = None
         self._cancel = threading.Event()
 
@@ -149,34 +178,54 @@ class Runner:
     """Runs jobs one at a time in a single worker thread (honest timings on a small CPU).
 
     Jobs are keyed: submitting a key that is queued, running or done returns the same job,
-    so a view change or a second viewer never re-runs a model. At most `max_jobs` are kept.
+    so a view change or a second viewer never re-runs a model. At most `max_queued` jobs wait
+    (more raise RunnerBusy, so thirty pupils cannot pile up an hour of work) and at most
+    `max_jobs` are kept, finished ones evicted oldest first.
     """
 
-    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 48) -> None:
+    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 64, max_queued: int = 32) -> None:
         self._user_error = user_error
         self._max_jobs = max_jobs
-        self._lock = threading.Lock()
+        self._max_queued = max_queued
+        self._lock = threading.Condition()
         self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
-        self._queue: queue.Queue[Job] = queue.Queue()
+        self._pending: deque[Job] = deque()
+        self._running: Job | None = None
         self._worker = threading.Thread(target=self._work, daemon=True, name="specviz-runner")
         self._worker.start()
 
-    def submit(self, key: Hashable, make: Callable[[], GenIter]) -> Job:
-        """The job for `key`, created and queued if there is none (or the last one failed)."""
+    def submit(self, key: Hashable, make: Callable[[], JobSteps]) -> Job:
+        """The job for `key`, created and queued if there is none (or the last one failed or was stopped)."""
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.view().state not in ("failed", "cancelled"):
                 self._jobs.move_to_end(key)
                 return job
+            if len(self._pending) >= self._max_queued:
+                raise RunnerBusy(f"{len(self._pending)} runs are already waiting for the model; "
+                                 "please try again in a minute")
             job = self._jobs[key] = Job(key, make)
             self._evict()
-        self._queue.put(job)
+            self._pending.append(job)
+            self._lock.notify()
         return job
 
     def get(self, key: Hashable) -> Job | None:
         """The job for `key` if one exists (starts nothing)."""
         with self._lock:
             return self._jobs.get(key)
+
+    def ahead(self, job: Job) -> int:
+        """How many jobs will run before `job` starts (0 once it runs or has finished)."""
+        with self._lock:
+            if job not in self._pending:
+                return 0
+            return self._pending.index(job) + (self._running is not None)
+
+    def queued(self) -> int:
+        """Jobs waiting, not counting the one running."""
+        with self._lock:
+            return len(self._pending)
 
     def _evict(self) -> None:
         finished = [k for k, j in self._jobs.items() if j.view().finished]
@@ -185,5 +234,12 @@ class Runner:
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            job.run(self._user_error)
+            with self._lock:
+                while not self._pending:
+                    self._lock.wait()
+                job = self._running = self._pending.popleft()
+            try:
+                job.run(self._user_error)
+            finally:
+                with self._lock:
+                    self._running = None

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from specviz import models
 from specviz.drafters import ModelDrafter, make_drafter
 from specviz.engine import GAMMA_RANGE, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from specviz.lessons import has_lesson, lesson
-from specviz.live import Job, PairStore, Runner
+from specviz.live import Job, JobSteps, JobView, PairStore, Runner, RunnerBusy
 from specviz.settings import (
     LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
     parse_query, to_query,
@@ -262,6 +262,40 @@ def start_runs(pair: models.LoadedPair, prompt: str, prompt_ids: list[int], s: S
 
 def job(key: tuple[Any, ...]) -> Job | None:
     return runner().get(key)
+
+
+def submit_job(key: tuple[Any, ...], make: Callable[[], JobSteps]) -> Job | None:
+    """Queue a model job on the shared runner (reused if `key` exists); None, with a message, if the queue is full.
+
+    Labs key their jobs on every setting that changes the result, so a view change never re-runs
+    a model and two pupils asking for the same measurement share one run.
+    """
+    try:
+        return runner().submit(key, make)
+    except RunnerBusy as exc:
+        st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
+        return None
+
+
+def wait_line(j: Job) -> str | None:
+    """"3 ahead of you" while a job waits its turn; None once it runs or is done."""
+    ahead = runner().ahead(j)
+    if ahead <= 0 or j.view().state != "queued":
+        return None
+    return f"Waiting for the model: {ahead} {'run' if ahead == 1 else 'runs'} ahead of you."
+
+
+def show_job_status(j: Job, view: JobView, what: str) -> None:
+    """Queue position, progress bar or error of a lab job (nothing once it is done)."""
+    if view.state == "failed":
+        st.error(f"{what} failed: {view.error}", icon=":material/error:")
+    elif view.state == "cancelled":
+        st.warning(f"{what} was stopped.", icon=":material/stop_circle:")
+    elif view.state == "queued":
+        st.info(wait_line(j) or f"{what}: starting…", icon=":material/hourglass_top:")
+    elif view.state == "running":
+        prog = view.progress
+        st.progress(prog.fraction if prog else 0.0, text=f"{what}: {prog.message if prog else 'working…'}")
 
 
 def cancel_runs(old: RunRef, new: RunRef) -> None:
