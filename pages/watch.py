@@ -11,7 +11,7 @@ import streamlit as st
 from specviz import ui
 from specviz.engine import RoundTrace
 from specviz.lessons import labels, lesson
-from specviz.live import JobView
+from specviz.live import JobView, RunnerBusy
 from specviz.metrics import summarize
 from specviz.models import PairError
 from specviz.presets import DEFAULT_PRESET, GROUP_TITLES, PRESETS, get_preset, presets_in
@@ -51,6 +51,8 @@ def _init_state() -> None:
     if speed is not None and speed not in SPEEDS:
         notes.append(f"Ignored `speed={speed}` in the link: choose one of {', '.join(SPEEDS)}.")
     ss[P + "speed"] = speed if speed in SPEEDS else "normal"
+    if ui.read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
+        _request_play()
     ss[P + "notes"] = notes
 
 
@@ -143,7 +145,7 @@ def _prompt_box() -> str:
         url["preset"] = preset
     elif not preset and len(prompt) <= PROMPT_URL_MAX:
         url["prompt"] = prompt
-    ui.write_page_query(url, ("preset", "prompt", "speed"))
+    ui.write_page_query(url, ("preset", "prompt", "speed", "autoplay"))
     return prompt
 
 
@@ -203,7 +205,12 @@ def _handle_play(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
     if not ss.pop(P + "play_request", False):
         return
     old = _ref()
-    new = ui.start_runs(pair, prompt, ids, s)
+    try:
+        new = ui.start_runs(pair, prompt, ids, s)
+    except RunnerBusy as exc:
+        st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
+        ss[P + "playing"] = False
+        return
     if old is None or old.spec_key != new.spec_key:
         if old is not None:
             ui.cancel_runs(old, new)
@@ -234,7 +241,10 @@ def _status(spec: JobView, plain: JobView | None, s: Settings, run: Settings, L:
     elif spec.state == "cancelled":
         st.info("This run was stopped because a newer one started. Press **Play** to run it again.")
     elif spec.state == "queued":
-        st.caption(":material/hourglass_top: Waiting for the models: another run is ahead in the queue…")
+        ref = _ref()
+        job = ui.job(ref.spec_key) if ref else None
+        line = ui.wait_line(job) if job else None
+        st.info(line or "Waiting for the models…", icon=":material/hourglass_top:")
     elif spec.state == "running":
         st.caption(f":material/settings: {L['thinking'].capitalize()} (round {len(spec.rounds) + 1})")
     elif spec.state == "done" and spec.generation is not None:

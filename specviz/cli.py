@@ -374,6 +374,53 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# loadtest
+
+
+def add_loadtest(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "loadtest", help="many sessions at once against a real app server; latency percentiles and peak memory",
+        description="Starts `streamlit run app.py`, opens N browser-like websocket sessions at once (each a "
+        "different prompt, autoplay link), waits for each run and its baseline, downloads each JSON trace and "
+        "checks its greedy tokens against a single-session reference. Prints latency percentiles and the "
+        "server's peak memory.",
+    )
+    p.add_argument("--sessions", type=int, default=30, help="concurrent sessions, 1..200 (default 30)")
+    p.add_argument("--pair", default="tiny-random", help="model pair (default tiny-random: tests the server, not the model)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="new tokens per run, 1..256 (default 24)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds a session may wait for its result (default 900)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_loadtest)
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    if not 1 <= args.sessions <= 200:
+        raise CliError(f"--sessions must be 1..200, got {args.sessions}")
+    if not 1 <= args.max_new_tokens <= 256:
+        raise CliError(f"--max-new-tokens must be 1..256, got {args.max_new_tokens}")
+    if not args.timeout > 0:
+        raise CliError("--timeout must be > 0 seconds")
+    pair = resolve_pair_name(args.pair)
+    from specviz import loadtest
+
+    config = loadtest.LoadConfig(sessions=args.sessions, pair=pair, max_new_tokens=args.max_new_tokens,
+                                 timeout_s=args.timeout)
+    report = loadtest.run_loadtest(config).as_dict()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        lat = report["latency_s"]
+        print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} in {report['wall_s']} s")
+        print("latency (Play -> both runs done): " + ", ".join(f"{k} {v} s" for k, v in lat.items()))  # type: ignore[union-attr]
+        print(f"longest queue shown to a pupil: {report['max_queue_ahead_shown']} ahead")
+        rss = report["server_rss_mb"]
+        print(f"server memory: {rss['start']} MB at start, {rss['peak']} MB peak")  # type: ignore[index]
+        for line in report["failures"]:  # type: ignore[union-attr]
+            print("FAILED " + line)
+    return 0 if report["passed"] == report["sessions"] else 1
+
+
+# ---------------------------------------------------------------------------------------------
 # entry point
 
 
@@ -382,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     add_generate(sub)
     add_bench(sub)
-    # further subcommands (bench, loadtest) add themselves here: add_<name>(sub), each setting func
+    add_loadtest(sub)
     return parser
 
 

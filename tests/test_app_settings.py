@@ -10,7 +10,7 @@ import pytest
 
 from specviz import lessons
 from specviz.engine import GAMMA_RANGE
-from specviz.live import PairStore, Runner
+from specviz.live import PairStore, Progress, Runner, RunnerBusy
 from specviz.presets import PRESETS, get_preset, presets_in
 from specviz.settings import DEFAULTS, Settings, parse_query, prompt_problem, to_query
 
@@ -170,3 +170,45 @@ def test_runner_cancel_stops_after_the_current_round():
     assert _wait(lambda: job.view().finished)
     assert job.view().state == "cancelled" and len(job.view().rounds) < 1000
     assert runner.submit("slow", make) is not job  # a stopped job is queued again on request
+
+
+def test_runner_queue_is_bounded_and_reports_positions():
+    gate = threading.Event()
+
+    def blocked():
+        gate.wait(10)
+        yield 0
+        return "first"
+
+    def quick():
+        yield 0
+        return "ok"
+
+    runner = Runner(str, max_queued=2)
+    first = runner.submit("first", blocked)
+    assert _wait(lambda: first.view().state == "running")
+    a, b = runner.submit("a", quick), runner.submit("b", quick)
+    assert (runner.ahead(first), runner.ahead(a), runner.ahead(b)) == (0, 1, 2)
+    assert runner.queued() == 2
+    with pytest.raises(RunnerBusy, match="already waiting"):
+        runner.submit("c", quick)
+    assert runner.submit("a", quick) is a  # an existing key is never refused
+    gate.set()
+    assert _wait(lambda: b.view().finished)
+    assert b.view().result == "ok" and runner.ahead(b) == 0 and runner.queued() == 0
+    assert runner.submit("c", quick) is not None  # room again
+
+
+def test_job_progress_is_the_last_progress_yielded():
+    def lab():
+        for i in range(3):
+            yield Progress(i + 1, 3, f"step {i + 1}")
+        return {"answer": 42}
+
+    runner = Runner(str)
+    job = runner.submit("lab", lab)
+    assert _wait(lambda: job.view().finished)
+    view = job.view()
+    assert view.progress == Progress(3, 3, "step 3") and view.progress.fraction == 1.0
+    assert view.result == {"answer": 42}
+    assert Progress(0, 0, "nothing").fraction == 0.0

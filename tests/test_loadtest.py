@@ -1,0 +1,43 @@
+"""A class at once: concurrent browser-like sessions on a real app server (tiny pair), each checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from specviz import loadtest
+from specviz.cli import main
+
+SESSIONS = 8
+
+
+def test_ahead_line_is_parsed():
+    assert loadtest._ahead_in("Waiting for the model: 3 runs ahead of you.") == 3
+    assert loadtest._ahead_in("Waiting for the model: 1 run ahead of you.") == 1
+    assert loadtest._ahead_in("Run complete") == 0
+
+
+def test_session_prompts_differ():
+    prompts = {loadtest.session_prompt(i) for i in range(30)}
+    assert len(prompts) == 30  # each session queues its own runs, none shares a cached one
+
+
+@pytest.mark.slow
+def test_eight_sessions_at_once_all_correct_with_bounded_memory(capsys):
+    report = loadtest.run_loadtest(loadtest.LoadConfig(sessions=SESSIONS, timeout_s=600))
+    figures = report.as_dict()
+    with capsys.disabled():
+        print(f"\nload test, {SESSIONS} sessions: {figures}")
+    assert figures["failures"] == [], figures["failures"]
+    assert report.passed == SESSIONS
+    assert all(r.latency_s is not None for r in report.results)
+    # the pupils at the back of the queue were told where they stood
+    assert figures["max_queue_ahead_shown"] >= 2
+    # sessions share one copy of the models: eight sessions' runs add little to the server's memory
+    assert report.server_peak_rss_mb - report.server_start_rss_mb < 400, figures["server_rss_mb"]
+
+
+def test_cli_refuses_bad_loadtest_arguments(capsys):
+    assert main(["loadtest", "--sessions", "0"]) == 2
+    assert "--sessions must be 1..200" in capsys.readouterr().err
+    assert main(["loadtest", "--pair", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
