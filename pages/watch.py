@@ -15,7 +15,7 @@ from specviz.live import JobView, RunnerBusy
 from specviz.metrics import summarize
 from specviz.models import PairError
 from specviz.presets import DEFAULT_PRESET, GROUP_TITLES, PRESETS, get_preset, presets_in
-from specviz.settings import Settings, prompt_problem
+from specviz.settings import Settings, clean_prompt, prompt_problem
 from specviz.viz import export, figures, playback as pb, strip
 
 P = "watch."  # session_state prefix of this page
@@ -45,6 +45,9 @@ def _init_state() -> None:
     if url_preset and not get_preset(url_preset):
         notes.append(f"Unknown preset `{url_preset}` in the link; showing the code example.")
     ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
+    if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
+        notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
+                     f"{MAX_PROMPT_CHARS:,} were kept (the prompt box holds at most that many).")
     ss.setdefault(P + "frame", 0)
     ss.setdefault(P + "playing", False)
     speed = ui.read_query("speed")
@@ -540,7 +543,9 @@ def main() -> None:
     s = ui.settings()
     _init_state()
     _header(s)
-    prompt = _prompt_box()
+    prompt, changes = clean_prompt(_prompt_box())
+    for change in changes:
+        st.caption(f":material/healing: {change}")
     ref = _ref()
     spec, plain = _views(ref)
     if s.level == "d1":

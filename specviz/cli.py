@@ -74,6 +74,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_sampling_arguments(args: argparse.Namespace) -> None:
     """Cheap checks, run before any model is loaded."""
+    if args.prompt:
+        from specviz.settings import clean_prompt
+
+        args.prompt, notes = clean_prompt(args.prompt)
+        for note in notes:
+            print(f"{PROG}: note: {note}", file=sys.stderr, flush=True)
     if not args.prompt or not args.prompt.strip():
         raise CliError("--prompt is empty: give some text to continue")
     if not GAMMA_MIN <= args.gamma <= GAMMA_MAX:

@@ -485,10 +485,10 @@ def _convert_to_cache(gguf_path: Path, src: GgufSource, final: Path, report: Pro
     try:
         report(0.0, f"{src.title}: reading the tokenizer from GGUF")
         with _oom_as_pair_error(src.title):
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
             report(0.15, f"{src.title}: dequantizing GGUF to fp32")
             model = AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False
             ).eval()
             probe_ids = _probe_ids(tokenizer)
             expected = _logits(model, probe_ids)
@@ -548,7 +548,7 @@ def _load_cached_tokenizer(folder: Path) -> Any:
     """The tokenizer saved beside the weights (building one from GGUF takes 6-18 s)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
 def _load_cached_model(folder: Path, title: str) -> nn.Module:

@@ -145,6 +145,25 @@ def to_query(settings: Settings) -> dict[str, str]:
     return out
 
 
+def clean_prompt(prompt: str) -> tuple[str, list[str]]:
+    """Text a tokenizer can take, and a note for each change: lone surrogates become U+FFFD, NUL bytes go.
+
+    Lone surrogates arrive from undecodable command-line bytes or a broken link and make the
+    tokenizer raise; NUL bytes are never meant as text. Everything else (emoji, right-to-left
+    and mixed scripts, HTML, Markdown, LaTeX) is kept as typed: it is only ever shown escaped.
+    """
+    notes: list[str] = []
+    if any("\ud800" <= ch <= "\udfff" for ch in prompt):
+        n = sum("\ud800" <= ch <= "\udfff" for ch in prompt)
+        prompt = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in prompt)
+        notes.append(f"{n} invalid character{'s' if n != 1 else ''} (broken UTF-8) became � in the prompt.")
+    if "\x00" in prompt:
+        n = prompt.count("\x00")
+        prompt = prompt.replace("\x00", "")
+        notes.append(f"{n} NUL character{'s' if n != 1 else ''} removed from the prompt.")
+    return prompt, notes
+
+
 def prompt_problem(prompt: str, n_prompt_tokens: int, context_length: int, max_new_tokens: int) -> str | None:
     """A friendly sentence when a prompt cannot run (empty, or too long for the model), else None."""
     if not prompt.strip():

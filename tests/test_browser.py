@@ -134,3 +134,39 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             _shot(page, "watch-d1.png", "screenshot-d1.png")
         finally:
             browser.close()
+
+
+XSS_PROMPT = ('Say <img src=x onerror="window.__xss=1;alert(1)"> and <script>window.__xss=2;alert(2)</script> '
+              "then **bold** $x^2$ [a](javascript:alert(3))")
+
+
+def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
+    """A pupil pastes HTML, script, Markdown and LaTeX through a link: all shown as typed, nothing executed."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1800})
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.set_default_timeout(RUN_TIMEOUT_MS)
+            expect.set_options(timeout=RUN_TIMEOUT_MS)
+            page.goto(f"{server}/?pair=tiny-random&level=d2&max_new=12&speed=fastest&autoplay=1&prompt={quote(XSS_PROMPT)}")
+            expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
+            for _ in range(30):  # let the replay reach its end, so every token is on screen
+                if page.get_by_role("button", name=PLAY).count():
+                    break
+                page.wait_for_timeout(1000)
+            _no_exception(page)
+            text = page.locator(".sv-text").first
+            expect(text).to_contain_text('<img src=x onerror="window.__xss=1;alert(1)">')
+            expect(text).to_contain_text("<script>window.__xss=2;alert(2)</script>")
+            assert text.locator("img, script, strong, a").count() == 0
+            page.wait_for_timeout(1000)
+            assert dialogs == [] and page.evaluate("window.__xss") is None
+            _shot(page, "xss-as-text.png")
+        finally:
+            browser.close()
