@@ -198,3 +198,42 @@ def test_sampled_two_token_law_matches_target_exactly():
     keep = joint * draws > 5
     obs, exp = counts[keep].double(), (joint[keep] * draws).double()
     assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > 1e-3
+
+
+def test_requests_sharing_models_never_disturb_each_other(target, other):
+    """Two sessions' runs over the same read-only models, stepped in turn and in threads, equal each run alone.
+
+    Each request owns its KV caches and its torch.Generator; nothing mutable is shared, so the
+    order in which a server advances requests cannot change any request's tokens or draws.
+    """
+    import threading
+
+    configs = [GenerationConfig(max_new_tokens=24, gamma=3, sampling=SamplingConfig(mode="sample", seed=s))
+               for s in (11, 12)] + [GenerationConfig(max_new_tokens=24, gamma=4)]
+    prompts = [PROMPT, [3, 3, 9], [4, 1]]
+
+    def start(i):
+        return speculative_generate(target, ModelDrafter(other), TOK, prompts[i], configs[i], ())
+
+    alone = [run_to_end(start(i)) for i in range(3)]
+    # stepped in turn, round by round, as one worker interleaving sessions would
+    gens, traces, done = [start(i) for i in range(3)], [[], [], []], [None, None, None]
+    while any(d is None for d in done):
+        for i, g in enumerate(gens):
+            if done[i] is None:
+                try:
+                    traces[i].append(next(g))
+                except StopIteration as stop:
+                    done[i] = stop.value
+    # and truly at once, in threads
+    threaded = [None, None, None]
+
+    def work(i):
+        threaded[i] = run_to_end(start(i))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for i in range(3):
+        assert done[i].tokens == alone[i].tokens == threaded[i].tokens
+        assert [r.uniforms for r in done[i].rounds] == [r.uniforms for r in alone[i].rounds]
