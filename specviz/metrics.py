@@ -32,6 +32,17 @@ def mean_draft_length(rounds: Sequence[RoundTrace]) -> float | None:
     return sum(drafted) / len(drafted) if drafted else None
 
 
+def checked_acceptance(rounds: Sequence[RoundTrace]) -> float | None:
+    """α per checked position: accepted / (accepted + first rejections), the α of Leviathan's formula.
+
+    acceptance_rate counts the drafted tokens after a rejection as misses although nobody checked
+    them, so it falls as γ grows even when the draft is just as good; this estimate does not.
+    """
+    accepted = sum(r.n_accepted for r in rounds)
+    checked = accepted + sum(1 for r in rounds if r.n_accepted < len(r.draft_ids))
+    return accepted / checked if checked else None
+
+
 def target_ms_per_step(baseline: Generation) -> float | None:
     """One target forward of one new token, from a target-only run (median: robust to hiccups)."""
     steps = [r.verify_ms for r in baseline.rounds]
@@ -56,6 +67,14 @@ def expected_tokens_per_round(alpha: float, gamma: float) -> float:
 def expected_speedup(alpha: float, gamma: float, c: float) -> float:
     """(1 - α^(γ+1)) / ((1 - α)(γc + 1)): walltime gain if a verify pass costs one target step."""
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
+
+
+def expected_speedup_at_cost(alpha: float, gamma: float, c: float, verify_cost: float) -> float:
+    """E[tokens per round] / (verify_cost + γc): Leviathan's speed-up when a verify pass costs `verify_cost` steps.
+
+    `expected_speedup` is the case verify_cost = 1; a measured verify cost (a CPU, or a busy batch) lowers it.
+    """
+    return expected_tokens_per_round(alpha, gamma) / (verify_cost + gamma * c)
 
 
 def best_gamma(alpha: float, c: float, gammas: Sequence[int] = tuple(range(1, 17))) -> int:

@@ -1,0 +1,600 @@
+"""Why checking is cheap, measured: one target pass over k new tokens on a KV cache, and the batch effect."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from specviz.drafters import ModelDrafter
+from specviz.engine import (
+    GAMMA_RANGE, Generation, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate,
+)
+from specviz.live import Progress
+from specviz.metrics import (
+    acceptance_rate, expected_speedup_at_cost, measured_c, measured_speedup, target_ms_per_step,
+    tokens_per_target_call,
+)
+from specviz.sampling import SamplingConfig
+
+# A fixed context, prefilled once into the KV cache before any timed pass (about 90 tokens of code):
+# the passes then look like decoding steps in the middle of a real generation, not like a prefill.
+CONTEXT = (
+    "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"
+    '    """Merge two sorted lists into one sorted list."""\n'
+    "    out: list[int] = []\n"
+    "    i = j = 0\n"
+    "    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n"
+    "            out.append(a[i])\n"
+    "            i += 1\n"
+    "        else:\n"
+    "            out.append(b[j])\n"
+    "            j += 1\n"
+)
+PASS_KS: tuple[int, ...] = (1, 2, 4, 8, 16)
+BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8)
+REPEATS_RANGE = (1, 15)
+NOISY_SPREAD = 1.5  # slowest ÷ fastest repeat above this: something else used the machine during the run
+MEMORY_RESERVE = 1 << 30  # bytes a batch must leave free: the app, the browser and other sessions share RAM
+# Where GPU figures measured with this same code go (`python -m specviz.verify_cost --device cuda --json`).
+GPU_FIGURES = Path(__file__).resolve().parent.parent / "assets" / "verify_cost_gpu.json"
+
+Ids = Sequence[int]
+Available = Callable[[torch.device], int]
+
+
+# ------------------------------------------------------------------------------------------
+# Configs and results (frozen: they double as the runner's cache keys)
+# ------------------------------------------------------------------------------------------
+
+
+def spread(times: Sequence[Sequence[float]]) -> float:
+    """The worst slowest ÷ fastest ratio among repeated timings (1.0 = perfectly steady)."""
+    return max((max(t) / min(t) for t in times if t and min(t) > 0), default=1.0)
+
+
+def _check_repeats(repeats: int, warmup: int) -> None:
+    lo, hi = REPEATS_RANGE
+    if not lo <= repeats <= hi:
+        raise ValueError(f"repeats must be in {lo}..{hi}, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+
+
+@dataclass(frozen=True)
+class PassCostConfig:
+    """What the pass-cost measurement times."""
+
+    ks: tuple[int, ...] = PASS_KS  # new tokens per timed pass; must include 1 (the step everything is compared to)
+    repeats: int = 5  # timed passes per k; the median is reported (robust to one hiccup)
+    warmup: int = 1  # untimed rounds first (allocator, lazy initialisation, CPU caches)
+    prompt: str = CONTEXT  # fixed context prefilled once into the KV cache
+
+    def __post_init__(self) -> None:
+        _check_repeats(self.repeats, self.warmup)
+        if 1 not in self.ks or any(k < 1 for k in self.ks) or list(self.ks) != sorted(set(self.ks)):
+            raise ValueError(f"ks must be increasing positive counts that include 1, got {self.ks}")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """What the batch-effect measurement times, and the short real run that measures α and c."""
+
+    gamma: int = 4  # draft length γ: the verify pass scores γ + 1 tokens per sequence
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # decoding of the short real run (sets α)
+    batch_sizes: tuple[int, ...] = BATCH_SIZES  # sequences per pass, each a copy of the context
+    repeats: int = 3  # timed passes per batch size and kind (median reported)
+    warmup: int = 1  # untimed rounds first, per batch size
+    run_tokens: int = 24  # new tokens of the short speculative run (and its plain twin) that measure α and c
+    prompt: str = CONTEXT
+
+    def __post_init__(self) -> None:
+        _check_repeats(self.repeats, self.warmup)
+        lo, hi = GAMMA_RANGE
+        if not lo <= self.gamma <= hi:
+            raise ValueError(f"gamma must be in {lo}..{hi}, got {self.gamma}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or list(self.batch_sizes) != sorted(
+                set(self.batch_sizes)):
+            raise ValueError(f"batch sizes must be increasing positive counts, got {self.batch_sizes}")
+        if self.run_tokens < 1:
+            raise ValueError(f"run_tokens must be >= 1, got {self.run_tokens}")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where a measurement ran: the same code gives CPU figures here and GPU figures elsewhere."""
+
+    device: str  # "cpu" or "cuda"
+    name: str  # CPU model or GPU name
+    threads: int  # torch intra-op threads (CPU) — the compute a pass can use here
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Measured time of one target forward pass over k new tokens on a prefilled KV cache."""
+
+    pair: str
+    machine: Machine
+    context_tokens: int  # tokens in the KV cache before each timed pass
+    ks: tuple[int, ...]
+    times_ms: tuple[tuple[float, ...], ...]  # every timed pass, per k (same order as ks)
+
+    @property
+    def median_ms(self) -> tuple[float, ...]:
+        return tuple(statistics.median(t) for t in self.times_ms)
+
+    @property
+    def step_ms(self) -> float:
+        """The one-token pass: one plain decoding step."""
+        return self.median_ms[self.ks.index(1)]
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """Median time of each k divided by that of k = 1: the pass's cost in decoding steps."""
+        return tuple(m / self.step_ms for m in self.median_ms)
+
+    @property
+    def spread(self) -> float:
+        return spread(self.times_ms)
+
+    @property
+    def linear_ms(self) -> tuple[float, ...]:
+        """What each pass would cost if the cost grew with the tokens (k one-token steps)."""
+        return tuple(k * self.step_ms for k in self.ks)
+
+
+@dataclass(frozen=True)
+class BatchPoint:
+    """Timed passes at one batch size: the one-token step, the (γ+1)-token verify, the draft's step."""
+
+    batch: int
+    step_ms: tuple[float, ...]  # target, 1 new token per sequence
+    verify_ms: tuple[float, ...]  # target, γ + 1 new tokens per sequence
+    draft_ms: tuple[float, ...]  # draft, 1 new token per sequence
+
+    @property
+    def verify_ratio(self) -> float:
+        """The verify pass in target steps at this batch size (Leviathan's model assumes 1)."""
+        return statistics.median(self.verify_ms) / statistics.median(self.step_ms)
+
+    @property
+    def draft_ratio(self) -> float:
+        """Draft step ÷ target step at this batch size, from timed passes."""
+        return statistics.median(self.draft_ms) / statistics.median(self.step_ms)
+
+
+@dataclass(frozen=True)
+class BatchEffect:
+    """α and c from a short real run, and timed passes per batch size: the speed-up each batch size allows."""
+
+    pair: str
+    machine: Machine
+    gamma: int
+    context_tokens: int
+    alpha: float | None  # acceptance rate of the short real speculative run (batch 1)
+    c: float | None  # measured c of that run: draft ms per token ÷ target ms per step
+    run_speedup: float | None  # that run's measured walltime speed-up over its plain twin (batch 1, real)
+    run_tokens_per_call: float | None
+    points: tuple[BatchPoint, ...]
+    stopped: str | None  # why larger batch sizes were not measured (memory), or None
+
+    def c_at(self, point: BatchPoint) -> float | None:
+        """c at a batch size: the run's c, scaled by how batching changed the draft's step against the target's.
+
+        Anchored to the real run (its c includes the drafter's sampling overhead), while the timed passes
+        say how the two models' costs move as the batch grows.
+        """
+        if self.c is None or not self.points:
+            return None
+        return self.c * point.draft_ratio / self.points[0].draft_ratio
+
+    def speedup_at(self, point: BatchPoint) -> float | None:
+        """Leviathan's expected speed-up with the measured verify cost of this batch size instead of 1."""
+        c = self.c_at(point)
+        if self.alpha is None or c is None:
+            return None
+        return expected_speedup_at_cost(self.alpha, self.gamma, c, point.verify_ratio)
+
+    @property
+    def speedups(self) -> tuple[float | None, ...]:
+        return tuple(self.speedup_at(p) for p in self.points)
+
+    @property
+    def spread(self) -> float:
+        return spread([t for p in self.points for t in (p.step_ms, p.verify_ms, p.draft_ms)])
+
+
+# ------------------------------------------------------------------------------------------
+# Timing primitives
+# ------------------------------------------------------------------------------------------
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def machine_of(device: torch.device) -> Machine:
+    """The machine a measurement runs on, in a few words."""
+    if device.type == "cuda":
+        return Machine("cuda", torch.cuda.get_device_name(device), torch.get_num_threads())
+    name = platform.processor() or platform.machine() or "CPU"
+    return Machine("cpu", f"{name}, {os.cpu_count()} logical cores", torch.get_num_threads())
+
+
+def _sync(device: torch.device) -> None:
+    """GPU kernels run asynchronously: wait for them so the clock measures the pass, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def prefilled_cache(model: torch.nn.Module, ids: Ids, batch: int = 1) -> DynamicCache:
+    """A KV cache holding `ids` for `batch` identical sequences (prefilled once, then copied per sequence)."""
+    cache = DynamicCache(config=model.config)
+    feed = torch.tensor([list(ids)], dtype=torch.long, device=model_device(model))  # (1, n)
+    model(input_ids=feed, cache=cache, use_cache=True, logits_to_keep=1)
+    if batch > 1:
+        cache.batch_repeat_interleave(batch)  # (1, ...) -> (batch, ...): the same context per sequence
+    return cache
+
+
+@torch.inference_mode()
+def timed_pass_ms(model: torch.nn.Module, cache: DynamicCache, new_ids: torch.Tensor) -> float:
+    """Milliseconds of one forward pass over `new_ids` (batch, k) on top of `cache`; the cache is cropped back.
+
+    Logits are kept for all k positions, as a verify pass needs them (the LM head is part of the cost).
+    """
+    k = new_ids.shape[1]
+    device = new_ids.device
+    _sync(device)
+    t0 = time.perf_counter()
+    model(input_ids=new_ids, cache=cache, use_cache=True, logits_to_keep=k)
+    _sync(device)
+    ms = (time.perf_counter() - t0) * 1000.0
+    cache.crop(-k)  # DynamicCache.crop takes a negative count: forget the k new positions
+    return ms
+
+
+def new_token_ids(ids: Ids, k: int, batch: int, device: torch.device) -> torch.Tensor:
+    """k ids to feed per sequence (the context's own, cycled): their values do not change the cost."""
+    row = [ids[i % len(ids)] for i in range(k)]
+    return torch.tensor([row] * batch, dtype=torch.long, device=device)  # (batch, k)
+
+
+def encode(tokenizer: Any, prompt: str) -> list[int]:
+    ids = list(tokenizer(prompt)["input_ids"])
+    if len(ids) < 2:
+        raise ValueError("the measurement context encodes to fewer than 2 tokens")
+    return ids
+
+
+# ------------------------------------------------------------------------------------------
+# Memory: check before allocating a batch
+# ------------------------------------------------------------------------------------------
+
+
+def _dims(model_config: Any) -> dict[str, int]:
+    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    heads = int(cfg.num_attention_heads)
+    hidden = int(cfg.hidden_size)
+    return {
+        "layers": int(cfg.num_hidden_layers), "heads": heads, "hidden": hidden,
+        "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or hidden // heads),
+        "inter": int(getattr(cfg, "intermediate_size", None) or 4 * hidden),
+        "vocab": int(cfg.vocab_size),
+    }
+
+
+def batch_bytes(model_config: Any, batch: int, new_tokens: int, context: int, dtype_bytes: int = 4) -> int:
+    """A generous estimate of the memory one pass at this batch size allocates (the weights are shared).
+
+    KV cache for the batch, plus hidden states, MLP activations, attention scores and logits of the
+    new tokens, doubled for temporaries alive at the same time.
+    """
+    d = _dims(model_config)
+    seq = context + new_tokens
+    kv = 2 * d["layers"] * batch * d["kv_heads"] * d["head_dim"] * seq * dtype_bytes
+    act = batch * new_tokens * (4 * d["hidden"] + 3 * d["inter"] + d["vocab"]) * 4
+    attn = batch * d["heads"] * new_tokens * seq * 4
+    return kv + 2 * (act + attn)
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory where the batch would live: RAM (psutil) on CPU, free GPU memory on CUDA."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def memory_problem(need: int, free: int, batch: int) -> str | None:
+    """Why a batch must not be allocated (None when it fits with the reserve left free)."""
+    if need + MEMORY_RESERVE <= free:
+        return None
+    return (f"batch {batch} would need about {need / 2**20:,.0f} MB plus a {MEMORY_RESERVE / 2**20:,.0f} MB reserve, "
+            f"but only {free / 2**20:,.0f} MB is free: stopped there")
+
+
+# ------------------------------------------------------------------------------------------
+# The two measurements (generators: they yield Progress and return their result)
+# ------------------------------------------------------------------------------------------
+
+
+def measure_pass_cost(target: torch.nn.Module, tokenizer: Any, pair: str,
+                      config: PassCostConfig = PassCostConfig()) -> Generator[Progress, None, PassCost]:
+    """Time one target pass over each k new tokens on a prefilled cache (median of repeats)."""
+    device = model_device(target)
+    ids = encode(tokenizer, config.prompt)
+    yield Progress(0, 1, f"reading the {len(ids)}-token context into the KV cache")
+    cache = prefilled_cache(target, ids)
+    rounds = config.warmup + config.repeats
+    total, done = rounds * len(config.ks), 0
+    times: dict[int, list[float]] = {k: [] for k in config.ks}
+    feeds = {k: new_token_ids(ids, k, 1, device) for k in config.ks}
+    for r in range(rounds):
+        # every k once per round (not all repeats of one k in a row): a slow spell on a shared machine
+        # then touches every k alike instead of bending the curve
+        for k in config.ks:
+            ms = timed_pass_ms(target, cache, feeds[k])
+            if r >= config.warmup:
+                times[k].append(ms)
+            done += 1
+            what = "warming up" if r < config.warmup else f"repeat {r - config.warmup + 1}/{config.repeats}"
+            yield Progress(done, total, f"{what}: a pass over {k} new token{'s' * (k > 1)} took {ms:.0f} ms")
+    return PassCost(pair, machine_of(device), len(ids), config.ks, tuple(tuple(times[k]) for k in config.ks))
+
+
+def _drain(steps: Generator[Any, None, Generation], done: int, total: int, what: str,
+           budget: int) -> Generator[Progress, None, Generation]:
+    """Run a generation, yielding Progress per round (tokens made so far of `budget`)."""
+    made = 0
+    while True:
+        try:
+            r = next(steps)
+        except StopIteration as end:
+            return end.value
+        made += len(r.new_ids)
+        yield Progress(done + min(made, budget), total, f"{what}: {made}/{budget} tokens")
+
+
+def measure_batch_effect(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, eos_ids: Sequence[int],
+                         pair: str, config: BatchConfig = BatchConfig(),
+                         available: Available = available_bytes) -> Generator[Progress, None, BatchEffect]:
+    """α and c from a short real run at batch 1; then timed target steps, verify passes and draft steps per batch."""
+    device = model_device(target)
+    ids = encode(tokenizer, config.prompt)
+    n_run = config.run_tokens
+    rounds = config.warmup + config.repeats
+    total = 2 * n_run + len(config.batch_sizes) * rounds * 3
+    gen = GenerationConfig(max_new_tokens=n_run, gamma=config.gamma, sampling=config.sampling, stop_at_eos=False)
+    yield Progress(0, total, "warming up both models (a two-token run, not timed)")
+    warm = GenerationConfig(max_new_tokens=2, gamma=config.gamma, sampling=config.sampling, stop_at_eos=False)
+    run_to_end(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, warm, eos_ids))
+    spec = yield from _drain(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, gen, eos_ids),
+                             0, total, "short speculative run (measures α)", n_run)
+    plain = yield from _drain(autoregressive_generate(target, tokenizer, ids, gen, eos_ids),
+                              n_run, total, "the same run without a helper (measures c)", n_run)
+    done = 2 * n_run
+    points: list[BatchPoint] = []
+    stopped: str | None = None
+    verify_k = config.gamma + 1
+    for b in config.batch_sizes:
+        need = batch_bytes(target.config, b, verify_k, len(ids)) + batch_bytes(draft.config, b, 1, len(ids))
+        stopped = memory_problem(need, available(device), b)
+        if stopped:
+            break
+        point = yield from _time_batch(target, draft, ids, b, verify_k, config, done, total)
+        points.append(point)
+        done += rounds * 3
+    alpha = acceptance_rate(spec.rounds)
+    return BatchEffect(
+        pair, machine_of(device), config.gamma, len(ids), alpha, measured_c(spec.rounds, target_ms_per_step(plain)),
+        measured_speedup(plain, spec), tokens_per_target_call(spec.rounds), tuple(points), stopped,
+    )
+
+
+def _time_batch(target: torch.nn.Module, draft: torch.nn.Module, ids: Ids, b: int, verify_k: int,
+                config: BatchConfig, done: int, total: int) -> Generator[Progress, None, BatchPoint]:
+    device = model_device(target)
+    yield Progress(done, total, f"batch {b}: copying the context into {b} KV caches")
+    tcache, dcache = prefilled_cache(target, ids, b), prefilled_cache(draft, ids, b)
+    step_feed, verify_feed = new_token_ids(ids, 1, b, device), new_token_ids(ids, verify_k, b, device)
+    draft_feed = new_token_ids(ids, 1, b, model_device(draft))
+    times: dict[str, list[float]] = {"step": [], "verify": [], "draft": []}
+    for r in range(config.warmup + config.repeats):
+        for kind, model, cache, feed in (("step", target, tcache, step_feed), ("verify", target, tcache, verify_feed),
+                                         ("draft", draft, dcache, draft_feed)):
+            ms = timed_pass_ms(model, cache, feed)
+            if r >= config.warmup:
+                times[kind].append(ms)
+            done += 1
+            yield Progress(done, total, f"batch {b}: {kind} pass {ms:.0f} ms")
+    del tcache, dcache  # free this batch's caches before the next, larger one is checked and allocated
+    return BatchPoint(b, tuple(times["step"]), tuple(times["verify"]), tuple(times["draft"]))
+
+
+def run_all(steps: Generator[Progress, None, Any], on_progress: Callable[[Progress], None] | None = None) -> Any:
+    """Drain a measurement generator and return its result."""
+    while True:
+        try:
+            p = next(steps)
+        except StopIteration as end:
+            return end.value
+        if on_progress:
+            on_progress(p)
+
+
+# ------------------------------------------------------------------------------------------
+# JSON: the CLI prints it; a file of it (measured on a GPU) is shown next to this machine's figures
+# ------------------------------------------------------------------------------------------
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), digits)
+
+
+def pass_cost_to_dict(p: PassCost) -> dict[str, Any]:
+    return {
+        "pair": p.pair, "machine": vars(p.machine), "context_tokens": p.context_tokens, "ks": list(p.ks),
+        "times_ms": [[_r(t) for t in ts] for ts in p.times_ms],
+        "median_ms": [_r(m) for m in p.median_ms], "ratio_to_one_token": [_r(x) for x in p.ratios],
+    }
+
+
+def batch_effect_to_dict(e: BatchEffect) -> dict[str, Any]:
+    return {
+        "pair": e.pair, "machine": vars(e.machine), "gamma": e.gamma, "context_tokens": e.context_tokens,
+        "alpha": _r(e.alpha), "c": _r(e.c), "run_speedup": _r(e.run_speedup),
+        "run_tokens_per_call": _r(e.run_tokens_per_call), "stopped": e.stopped,
+        "points": [{
+            "batch": p.batch, "step_ms": [_r(t) for t in p.step_ms], "verify_ms": [_r(t) for t in p.verify_ms],
+            "draft_ms": [_r(t) for t in p.draft_ms], "verify_ratio": _r(p.verify_ratio),
+            "c": _r(e.c_at(p)), "expected_speedup": _r(e.speedup_at(p)),
+        } for p in e.points],
+    }
+
+
+def pass_cost_from_dict(d: Mapping[str, Any]) -> PassCost:
+    return PassCost(str(d["pair"]), Machine(**d["machine"]), int(d["context_tokens"]), tuple(int(k) for k in d["ks"]),
+                    tuple(tuple(float(t) for t in ts) for ts in d["times_ms"]))
+
+
+def batch_effect_from_dict(d: Mapping[str, Any]) -> BatchEffect:
+    def opt(x: Any) -> float | None:
+        return None if x is None else float(x)
+
+    points = tuple(BatchPoint(int(p["batch"]), tuple(map(float, p["step_ms"])), tuple(map(float, p["verify_ms"])),
+                              tuple(map(float, p["draft_ms"]))) for p in d["points"])
+    return BatchEffect(str(d["pair"]), Machine(**d["machine"]), int(d["gamma"]), int(d["context_tokens"]),
+                       opt(d["alpha"]), opt(d["c"]), opt(d["run_speedup"]), opt(d["run_tokens_per_call"]), points,
+                       d.get("stopped"))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Figures measured elsewhere with this code (a GPU), to show next to this machine's."""
+
+    pass_cost: PassCost | None
+    batch_effect: BatchEffect | None
+    note: str  # where and how they were measured
+
+
+def load_reference(path: Path = GPU_FIGURES) -> Reference | None:
+    """The GPU figures file if one was saved (the CLI's --json output); None when there is none yet."""
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text(encoding="utf-8"))
+    pc, be = d.get("pass_cost"), d.get("batch_effect")
+    return Reference(pass_cost_from_dict(pc) if pc else None, batch_effect_from_dict(be) if be else None,
+                     str(d.get("note", "")))
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: python -m specviz.verify_cost --pair qwen-coder --device cpu --json
+# ------------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specviz.cli import _Parser
+
+    p = _Parser(prog="python -m specviz.verify_cost",
+                description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
+                "speculative decoding's speed-up (the measurement of the app's 'Why checking is cheap' page).")
+    p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per point, median reported (default 5)")
+    p.add_argument("--ks", type=_ints, default=PASS_KS, help="new tokens per pass (default 1,2,4,8,16)")
+    p.add_argument("--batches", type=_ints, default=BATCH_SIZES,
+                   help="batch sizes (default 1,2,4,8; a GPU can take e.g. 1,2,4,8,16,32,64,128)")
+    p.add_argument("--gamma", type=int, default=4, help="draft length γ of the batch effect (default 4)")
+    p.add_argument("--no-batch", action="store_true", help="only the pass-cost measurement")
+    p.add_argument("--note", default="", help="a line saved with the figures (where and how they were measured)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (save it as assets/verify_cost_gpu.json)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def _print_human(out: Mapping[str, Any]) -> None:
+    pc = out["pass_cost"]
+    m = pc["machine"]
+    print(f"{pc['pair']} on {m['device']} ({m['name']}, {m['threads']} threads), {pc['context_tokens']} tokens cached")
+    print("new tokens   median ms   × one-token pass")
+    for k, ms, x in zip(pc["ks"], pc["median_ms"], pc["ratio_to_one_token"]):
+        print(f"{k:>10}   {ms:>9.1f}   {x:>6.2f}")
+    be = out.get("batch_effect")
+    if be:
+        print(f"batch effect, γ = {be['gamma']}: α = {be['alpha']}, c = {be['c']}, "
+              f"real speed-up at batch 1 = {be['run_speedup']}")
+        print("batch   step ms   verify ms   verify ÷ step   expected speed-up")
+        for p in be["points"]:
+            step, verify = statistics.median(p["step_ms"]), statistics.median(p["verify_ms"])
+            print(f"{p['batch']:>5}   {step:>7.1f}   {verify:>9.1f}"
+                  f"   {p['verify_ratio']:>13.2f}   {p['expected_speedup']}")
+        if be["stopped"]:
+            print(be["stopped"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from specviz.cli import CliError, _err, quiet_libraries, resolve_pair_name, stderr_progress
+
+    try:
+        args = build_parser().parse_args(argv)
+        quiet_libraries(args.quiet)
+        pair_name = resolve_pair_name(args.pair)
+        try:
+            pc_config = PassCostConfig(ks=args.ks, repeats=args.repeats)
+            b_config = BatchConfig(gamma=args.gamma, batch_sizes=args.batches, repeats=args.repeats)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        from specviz import models
+
+        try:
+            pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))
+        except models.PairError as e:
+            raise CliError(str(e), 1) from None
+        say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
+        out: dict[str, Any] = {"note": args.note}
+        cost = run_all(measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
+        out["pass_cost"] = pass_cost_to_dict(cost)
+        if not args.no_batch:
+            effect = run_all(measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, pair_name,
+                                                  b_config), say)
+            out["batch_effect"] = batch_effect_to_dict(effect)
+        if args.json:
+            print(json.dumps(out, ensure_ascii=False, indent=1))
+        else:
+            _print_human(out)
+        return 0
+    except CliError as e:
+        _err(str(e))
+        return e.code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

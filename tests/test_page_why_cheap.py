@@ -1,0 +1,132 @@
+"""AppTest of the "Why checking is cheap" lab on the tiny-random pair: measure, read at each level, reuse the job."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from specviz import ui, verify_cost as vc
+from tests.test_app_watch import make_app, no_exception, texts
+
+PAGE = "pages/why_cheap.py"
+
+
+def open_page(**query: str) -> AppTest:
+    at = make_app(**query)
+    at.run()
+    at.switch_page(PAGE).run()
+    no_exception(at)
+    return at
+
+
+def wait_for(at: AppTest, done: Callable[[AppTest], bool], timeout: float = 120.0) -> AppTest:
+    end = time.time() + timeout
+    while time.time() < end:
+        if done(at):
+            return at
+        time.sleep(0.2)
+        at.run()
+        no_exception(at)
+    pytest.fail("the measurement did not finish in time")
+
+
+def charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    out = []
+    for spec in charts(at):
+        layout = spec["layout"]
+        out += [layout[ax]["title"]["text"] for ax in ("xaxis", "yaxis") if ax in layout]
+    return out
+
+
+def pass_done(at: AppTest) -> bool:
+    return "One plain decoding step" in texts(at) or "words at once" in texts(at)
+
+
+def batch_done(at: AppTest) -> bool:
+    return "Short real run at batch 1" in texts(at) or "stories at once, it makes it" in texts(at)
+
+
+def test_page_opens_without_running_a_model():
+    at = open_page()
+    assert at.title[0].value == "Why checking is cheap"
+    labels = [b.label for b in at.button]
+    assert "Measure pass times" in labels and "Measure the batch effect" in labels
+    assert not at.get("plotly_chart")  # nothing measured yet
+    assert "No GPU figures measured yet" in texts(at)
+    assert any("--device cuda" in c.value for c in at.code)
+    assert "why_cheap.pass" not in at.session_state
+
+
+def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
+    at = open_page(level="d2")
+    at.number_input(key="why_cheap.pass_repeats").set_value(2)
+    at.button(key="why_cheap.go_pass").click().run()
+    no_exception(at)
+    wait_for(at, pass_done)
+    key = at.session_state["why_cheap.pass"]
+    assert key[0] == "why_cheap.pass" and key[1] == "tiny-random" and key[2].repeats == 2
+    job = ui.runner().get(key)
+    assert job is not None and job.view().state == "done"
+    assert "new tokens in one target pass" in chart_titles(at) and "time of the pass (ms)" in chart_titles(at)
+    assert "cost of the pass (one-token steps)" in chart_titles(at)
+    assert len(charts(at)) == 2
+    d2_words = texts(at)
+    assert "this server's CPU" in d2_words and "no GPU" in d2_words
+
+    at.radio(key="cfg.level").set_value("d1").run()  # a view change: new words, same measurement
+    no_exception(at)
+    assert "words at once" in texts(at) and "One plain decoding step" not in texts(at)
+    assert "words checked at once" in chart_titles(at)
+    at.radio(key="cfg.level").set_value("d5").run()
+    no_exception(at)
+    assert at.dataframe and "Arithmetic intensity" in texts(at)
+    assert list(at.dataframe[0].value.columns)[:2] == ["new tokens", "median ms"]
+    assert ui.runner().get(key) is job
+
+    at.button(key="why_cheap.go_pass").click().run()  # same settings again: the same job, nothing re-run
+    no_exception(at)
+    assert ui.runner().get(key) is job and job.view().state == "done" and pass_done(at)
+
+    at.number_input(key="why_cheap.pass_repeats").set_value(3).run()  # settings changed, not yet measured
+    no_exception(at)
+    assert "changed since this measurement" in texts(at) and pass_done(at)
+
+
+def test_batch_effect_appears_with_its_honest_caption():
+    at = open_page(level="d5", gamma="3")
+    at.number_input(key="why_cheap.batch_repeats").set_value(1)
+    at.button(key="why_cheap.go_batch").click().run()
+    no_exception(at)
+    wait_for(at, batch_done)
+    key = at.session_state["why_cheap.batch"]
+    assert key[2].gamma == 3 and key[2].repeats == 1
+    assert any("not a batched speculative run" in i.value for i in at.info)
+    assert "expected speed-up (×)" in chart_titles(at) and "batch size (sequences per pass)" in chart_titles(at)
+    spec = next(c for c in charts(at) if c["layout"]["yaxis"]["title"]["text"] == "expected speed-up (×)")
+    names = [t.get("name") for t in spec["data"]]
+    assert "1.0 = no gain" in names and any(str(n).startswith("this machine") for n in names)
+    table = at.dataframe[-1].value
+    assert list(table["batch"]) == [1, 2, 4, 8]
+    job = ui.runner().get(key)
+    at.radio(key="cfg.level").set_value("d1").run()
+    no_exception(at)
+    assert "stories at once" in texts(at) and ui.runner().get(key) is job
+
+
+def test_gpu_figures_file_is_shown_when_present(tmp_path, monkeypatch):
+    cost = vc.PassCost("qwen-coder", vc.Machine("cuda", "Test GPU", 8), 93, (1, 2, 4), ((10.0,), (10.5,), (11.0,)))
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"note": "measured for a test", "pass_cost": vc.pass_cost_to_dict(cost)}), "utf-8")
+    original = vc.load_reference
+    monkeypatch.setattr(vc, "load_reference", lambda: original(path))
+    at = open_page(level="d2")
+    assert "No GPU figures measured yet" not in texts(at)
+    assert "Test GPU" in texts(at) and "measured for a test" in texts(at)

@@ -1,0 +1,212 @@
+"""specviz.verify_cost on the tiny random pair: pass timing, batch caches, memory stop, speed-up maths, JSON, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from specviz import metrics, models, verify_cost as vc
+from specviz.live import Progress
+
+
+@pytest.fixture(scope="module")
+def pair() -> models.LoadedPair:
+    return models.load_pair("tiny-random", device="cpu")
+
+
+def _cost(times: tuple[tuple[float, ...], ...], ks: tuple[int, ...] = (1, 2, 4)) -> vc.PassCost:
+    return vc.PassCost("x", vc.Machine("cpu", "test", 2), 10, ks, times)
+
+
+def _drain(gen):  # type: ignore[no-untyped-def]
+    items = []
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as end:
+            return items, end.value
+
+
+# ------------------------------------------------------------------------------------------ exact maths
+
+
+def test_pass_cost_medians_ratios_and_linear_line():
+    cost = _cost(((10.0, 12.0, 11.0), (15.0, 13.0, 14.0), (22.0, 90.0, 20.0)))
+    assert cost.median_ms == (11.0, 14.0, 22.0)
+    assert cost.step_ms == 11.0
+    assert cost.ratios == pytest.approx((1.0, 14 / 11, 2.0))
+    assert cost.linear_ms == (11.0, 22.0, 44.0)
+    assert cost.spread == pytest.approx(90 / 20)  # the k = 4 repeats: one was disturbed
+    assert vc.spread([(5.0, 5.0)]) == 1.0 and vc.spread([]) == 1.0
+
+
+def test_step_is_the_one_token_pass_wherever_it_sits():
+    cost = vc.PassCost("x", vc.Machine("cpu", "t", 1), 5, (1, 8), ((4.0,), (10.0,)))
+    assert cost.ratios == (1.0, 2.5)
+
+
+def test_speedup_at_cost_generalises_leviathan():
+    for alpha, gamma, c in ((0.8, 4, 0.1), (0.3, 2, 0.5), (1.0, 5, 0.05), (0.0, 3, 0.2)):
+        assert metrics.expected_speedup_at_cost(alpha, gamma, c, 1.0) == pytest.approx(
+            metrics.expected_speedup(alpha, gamma, c))
+    # α = 0.8, γ = 4: E[tokens] = (1 - 0.8^5) / 0.2 = 3.3616; verify costs 2 steps, c = 0.1 -> 3.3616 / 2.4
+    assert metrics.expected_speedup_at_cost(0.8, 4, 0.1, 2.0) == pytest.approx(3.3616 / 2.4)
+    assert metrics.expected_speedup_at_cost(0.8, 4, 0.1, 3.0) < metrics.expected_speedup_at_cost(0.8, 4, 0.1, 2.0)
+
+
+def test_batch_effect_speedup_uses_measured_ratio_and_scaled_c():
+    p1 = vc.BatchPoint(1, (100.0,), (200.0,), (20.0,))
+    p8 = vc.BatchPoint(8, (300.0,), (1200.0,), (30.0,))
+    effect = vc.BatchEffect("x", vc.Machine("cpu", "t", 2), 4, 10, 0.8, 0.25, 1.4, 3.0, (p1, p8), None)
+    assert p1.verify_ratio == 2.0 and p8.verify_ratio == 4.0
+    assert effect.c_at(p1) == pytest.approx(0.25)  # anchored to the real run at batch 1
+    assert effect.c_at(p8) == pytest.approx(0.25 * (30 / 300) / (20 / 100))
+    expected = metrics.expected_tokens_per_round(0.8, 4) / (4.0 + 4 * effect.c_at(p8))
+    assert effect.speedup_at(p8) == pytest.approx(expected)
+    assert effect.speedups[0] > effect.speedups[1]
+    no_alpha = vc.BatchEffect("x", vc.Machine("cpu", "t", 2), 4, 10, None, 0.25, None, None, (p1,), None)
+    assert no_alpha.speedups == (None,)
+
+
+def test_configs_refuse_bad_values():
+    with pytest.raises(ValueError, match="include 1"):
+        vc.PassCostConfig(ks=(2, 4))
+    with pytest.raises(ValueError, match="repeats"):
+        vc.PassCostConfig(repeats=0)
+    with pytest.raises(ValueError, match="gamma"):
+        vc.BatchConfig(gamma=0)
+    with pytest.raises(ValueError, match="batch sizes"):
+        vc.BatchConfig(batch_sizes=(4, 2))
+    assert vc.BatchConfig(gamma=3) == vc.BatchConfig(gamma=3) and hash(vc.PassCostConfig()) == hash(vc.PassCostConfig())
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def test_batch_bytes_grows_with_batch_and_tokens(pair):
+    cfg = pair.target.config
+    one = vc.batch_bytes(cfg, 1, 5, 100)
+    assert 0 < one < vc.batch_bytes(cfg, 2, 5, 100) < vc.batch_bytes(cfg, 4, 5, 100)
+    assert vc.batch_bytes(cfg, 1, 5, 100) < vc.batch_bytes(cfg, 1, 9, 100)
+    # the KV cache alone: 2 (k, v) x layers x kv_heads x head_dim x positions x 4 bytes
+    d = vc._dims(cfg)
+    assert one > 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * 105 * 4
+
+
+def test_memory_problem_names_the_batch_and_the_sizes():
+    assert vc.memory_problem(10, vc.MEMORY_RESERVE + 10, 4) is None
+    msg = vc.memory_problem(2**30, vc.MEMORY_RESERVE, 8)
+    assert msg is not None and "batch 8" in msg and "MB" in msg
+
+
+def test_available_bytes_on_cpu_is_positive():
+    assert vc.available_bytes(torch.device("cpu")) > 0
+
+
+# ------------------------------------------------------------------------------------------ real passes (tiny model)
+
+
+def test_timed_pass_crops_the_cache_back(pair):
+    ids = vc.encode(pair.tokenizer, "hello world, hello")
+    cache = vc.prefilled_cache(pair.target, ids)
+    assert cache.get_seq_length() == len(ids)
+    ms = vc.timed_pass_ms(pair.target, cache, vc.new_token_ids(ids, 8, 1, torch.device("cpu")))
+    assert ms > 0 and cache.get_seq_length() == len(ids)
+
+
+def test_copied_batch_cache_matches_a_batched_prefill(pair):
+    """The batch's caches are one prefill copied per sequence: same logits as prefilling the whole batch."""
+    ids = vc.encode(pair.tokenizer, "def f(x):\n    return x")
+    new = vc.new_token_ids(ids, 3, 4, torch.device("cpu"))  # (4, 3)
+    copied = vc.prefilled_cache(pair.target, ids, batch=4)
+    direct = vc.DynamicCache(config=pair.target.config)
+    with torch.inference_mode():
+        pair.target(input_ids=torch.tensor([ids] * 4), cache=direct, use_cache=True)
+        a = pair.target(input_ids=new, cache=copied, use_cache=True, logits_to_keep=3).logits
+        b = pair.target(input_ids=new, cache=direct, use_cache=True, logits_to_keep=3).logits
+    assert a.shape == (4, 3, pair.target.config.vocab_size)
+    torch.testing.assert_close(a, b)
+
+
+def test_measure_pass_cost_yields_progress_and_raw_times(pair):
+    config = vc.PassCostConfig(ks=(1, 2, 4), repeats=3, warmup=1)
+    items, cost = _drain(vc.measure_pass_cost(pair.target, pair.tokenizer, "tiny-random", config))
+    assert all(isinstance(p, Progress) for p in items)
+    done = [p.done for p in items[1:]]
+    assert done == sorted(done) and items[0].message.startswith("reading the")
+    assert items[-1].fraction == 1.0 and items[-1].total == (1 + 3) * 3
+    assert cost.ks == (1, 2, 4) and [len(t) for t in cost.times_ms] == [3, 3, 3]
+    assert all(t > 0 for ts in cost.times_ms for t in ts)
+    assert cost.context_tokens == len(vc.encode(pair.tokenizer, vc.CONTEXT))
+    assert cost.ratios[0] == 1.0 and cost.machine.device == "cpu" and cost.pair == "tiny-random"
+
+
+def test_measure_batch_effect_on_the_tiny_pair(pair):
+    config = vc.BatchConfig(gamma=3, batch_sizes=(1, 2, 4), repeats=2, run_tokens=8)
+    items, effect = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids,
+                                                   "tiny-random", config))
+    assert items[-1].done == items[-1].total
+    assert [p.batch for p in effect.points] == [1, 2, 4] and effect.stopped is None
+    assert all(len(p.step_ms) == len(p.verify_ms) == len(p.draft_ms) == 2 for p in effect.points)
+    assert effect.alpha is not None and 0.0 <= effect.alpha <= 1.0
+    assert effect.c is not None and effect.c > 0 and effect.run_speedup is not None
+    assert effect.c_at(effect.points[0]) == pytest.approx(effect.c)
+    for p, s in zip(effect.points, effect.speedups):
+        assert s == pytest.approx(metrics.expected_speedup_at_cost(effect.alpha, 3, effect.c_at(p), p.verify_ratio))
+
+
+def test_batch_effect_stops_before_a_batch_that_would_not_fit(pair):
+    config = vc.BatchConfig(gamma=2, batch_sizes=(1, 2, 4, 8), repeats=1, warmup=0, run_tokens=4)
+    ctx = len(vc.encode(pair.tokenizer, config.prompt))
+
+    def need(b: int) -> int:
+        return vc.batch_bytes(pair.target.config, b, 3, ctx) + vc.batch_bytes(pair.draft.config, b, 1, ctx)
+
+    free = vc.MEMORY_RESERVE + need(2)  # batch 2 just fits, batch 4 does not
+    _, effect = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, "tiny-random",
+                                               config, available=lambda device: free))
+    assert [p.batch for p in effect.points] == [1, 2]
+    assert effect.stopped is not None and "batch 4" in effect.stopped
+    _, none = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, "tiny-random",
+                                             config, available=lambda device: 0))
+    assert none.points == () and "batch 1" in none.stopped
+
+
+# ------------------------------------------------------------------------------------------ JSON and CLI
+
+
+def test_json_round_trip_and_reference_file(tmp_path):
+    cost = _cost(((10.5, 11.25), (13.0, 12.0), (20.0, 21.0)))
+    p1 = vc.BatchPoint(1, (100.0, 101.0), (200.0, 190.0), (20.0, 21.0))
+    effect = vc.BatchEffect("x", vc.Machine("cuda", "Some GPU", 8), 4, 10, 0.75, 0.1, 1.9, 3.1, (p1,), None)
+    text = json.dumps({"note": "test", "pass_cost": vc.pass_cost_to_dict(cost),
+                       "batch_effect": vc.batch_effect_to_dict(effect)})
+    path = tmp_path / "gpu.json"
+    path.write_text(text, encoding="utf-8")
+    ref = vc.load_reference(path)
+    assert ref is not None and ref.note == "test"
+    assert ref.pass_cost == cost and ref.batch_effect == effect
+    assert vc.load_reference(tmp_path / "missing.json") is None
+
+
+def test_cli_prints_the_measurement_as_json(capsys):
+    rc = vc.main(["--pair", "tiny-random", "--device", "cpu", "--json", "-q", "--repeats", "1", "--ks", "1,2",
+                  "--batches", "1,2", "--gamma", "2", "--note", "unit test"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["note"] == "unit test"
+    assert out["pass_cost"]["ks"] == [1, 2] and out["pass_cost"]["ratio_to_one_token"][0] == 1.0
+    assert [p["batch"] for p in out["batch_effect"]["points"]] == [1, 2]
+    assert all(math.isfinite(p["verify_ratio"]) for p in out["batch_effect"]["points"])
+    assert vc.pass_cost_from_dict(out["pass_cost"]).ks == (1, 2)
+
+
+def test_cli_refuses_bad_arguments_in_one_line(capsys):
+    assert vc.main(["--pair", "tiny-random", "--ks", "2,4", "-q"]) == 2
+    assert vc.main(["--pair", "no-such-pair", "-q"]) == 2
+    assert vc.main(["--pair", "tiny-random", "--batches", "a,b", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("specviz: error:") for line in err)
