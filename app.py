@@ -7,12 +7,14 @@ from specviz import ui
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
                    initial_sidebar_state="expanded")
 
+# Each url_path equals its file's stem: on a fresh server's very first request Streamlit still resolves
+# a deep link (say /why_cheap) against the pages/ folder, and any other path shows "Page not found".
 PAGES = [
     st.Page("pages/watch.py", title="Watch it work", icon=":material/play_circle:", default=True, url_path="watch"),
-    st.Page("pages/same_answer.py", title="Same answer", icon=":material/rule:", url_path="same-answer"),
-    st.Page("pages/how_far.py", title="How far to guess", icon=":material/straighten:", url_path="how-far"),
-    st.Page("pages/where_it_helps.py", title="Where it helps", icon=":material/bar_chart:", url_path="where-it-helps"),
-    st.Page("pages/why_cheap.py", title="Why checking is cheap", icon=":material/memory:", url_path="why-cheap"),
+    st.Page("pages/same_answer.py", title="Same answer", icon=":material/rule:", url_path="same_answer"),
+    st.Page("pages/how_far.py", title="How far to guess", icon=":material/straighten:", url_path="how_far"),
+    st.Page("pages/where_it_helps.py", title="Where it helps", icon=":material/bar_chart:", url_path="where_it_helps"),
+    st.Page("pages/why_cheap.py", title="Why checking is cheap", icon=":material/memory:", url_path="why_cheap"),
 ]
 
 page = st.navigation(PAGES, position="sidebar")

@@ -89,6 +89,7 @@ def _shot(page, name: str, readme_copy: str | None = None) -> None:
 def _no_exception(page) -> None:
     boxes = page.locator('[data-testid="stException"]')
     assert boxes.count() == 0, boxes.first.inner_text()
+    assert page.get_by_text("Page not found").count() == 0
 
 
 def test_a_teacher_runs_a_demo_in_chromium(server):
@@ -168,5 +169,29 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
             page.wait_for_timeout(1000)
             assert dialogs == [] and page.evaluate("window.__xss") is None
             _shot(page, "xss-as-text.png")
+        finally:
+            browser.close()
+
+
+LAB_PAGES = ("why_cheap", "same_answer", "how_far", "where_it_helps")  # a deep link first: see app.py
+
+
+def test_every_lab_page_opens_in_chromium(server):
+    """Each lab page loads on the tiny pair with a heading, no exception, and its sidebar."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1800})
+            page.set_default_timeout(120_000)
+            expect.set_options(timeout=120_000)
+            for path in LAB_PAGES:
+                page.goto(f"{server}/{path}?pair=tiny-random&level=d2")
+                expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible()
+                expect(page.get_by_text("Explanation level")).to_be_visible()
+                page.wait_for_timeout(1500)
+                _no_exception(page)
+                _shot(page, f"lab-{path}.png")
         finally:
             browser.close()
