@@ -1,6 +1,298 @@
-"""How far to guess lab page (being built)."""
+"""How far to guess: measure the speed-up at several γ, and compare it with Leviathan's curves."""
 
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
-st.title("How far to guess")
-st.info("This lab is being built.")
+from specviz import gamma_lab, ui
+from specviz.gamma_lab import Sweep, SweepConfig
+from specviz.live import Job
+from specviz.models import PairError
+from specviz.presets import DEFAULT_PRESET, GROUP_TITLES, get_preset, presets_in
+from specviz.settings import Settings, prompt_problem
+from specviz.viz import lab_gamma, strip
+
+P = "howfar."  # session_state prefix of this page
+MAX_PROMPT_CHARS = 20_000
+ALPHA_RANGE = (0.0, 1.0)
+C_RANGE = (0.0, 1.5)  # c > 1: the draft is slower per token than the target (never worth it)
+SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
+ss = st.session_state
+
+
+def _init_state() -> None:
+    ss.setdefault(P + "prompt", get_preset(DEFAULT_PRESET).prompt)
+    ss.setdefault(P + "gammas", list(gamma_lab.DEFAULT_GAMMAS))
+    ss.setdefault(P + "alpha", SLIDER_START[0])
+    ss.setdefault(P + "c", SLIDER_START[1])
+
+
+def _use_preset(preset_id: str) -> None:
+    ss[P + "prompt"] = get_preset(preset_id).prompt
+
+
+def _request_run() -> None:
+    ss[P + "run_request"] = True
+
+
+def _reset_sliders(alpha: float, c: float) -> None:
+    ss[P + "alpha"], ss[P + "c"] = alpha, c
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return round(min(max(x, lo), hi), 2)
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs
+# ------------------------------------------------------------------------------------------
+
+
+def _header(s: Settings) -> None:
+    st.title("How far should the helper guess?" if s.level == "d1" else "How far to guess")
+    ui.lesson_md(s.level, "howfar_intro")
+
+
+def _prompt_box() -> str:
+    cols = st.columns(2, gap="medium")
+    for col, group in zip(cols, ("predictable", "creative")):
+        with col:
+            st.markdown(f"**{GROUP_TITLES[group]}**")
+            with st.container(horizontal=True, gap="small"):
+                for p in presets_in(group):
+                    st.button(p.title, key=f"{P}preset.{p.id}", on_click=_use_preset, args=(p.id,), help=p.why)
+    return st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
+                        max_chars=MAX_PROMPT_CHARS, persist_state="session")
+
+
+def _gamma_picker(s: Settings) -> list[int]:
+    label = "How many guesses per turn to try" if s.level == "d1" else "γ values to measure (one speculative run each)"
+    return st.multiselect(label, gamma_lab.GAMMA_CHOICES, key=P + "gammas", persist_state="session",
+                          help="Each γ is one more speculative run of the same prompt; 1, 2, 4 and 8 take about a "
+                               "minute on qwen-coder on this CPU (64 tokens).")
+
+
+def _plan(cfg: SweepConfig, s: Settings) -> None:
+    who = "prompt lookup (n-gram)" if cfg.drafter == "ngram" else "the small draft model"
+    mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g}, seed {cfg.sampling.seed})"
+    st.caption(f"Plan: the target alone once, then one speculative run at each γ = {', '.join(map(str, cfg.gammas))} "
+               f"({cfg.runs} runs of up to {cfg.max_new_tokens} tokens), drafter: {who}, {mode}. "
+               "Sidebar settings apply, except γ (chosen here)"
+               + (" and adaptive γ (off here: this lab measures fixed γ)." if s.adaptive else "."))
+
+
+def _load_pair(s: Settings) -> Any:
+    try:
+        return ui.get_pair(s.pair)
+    except PairError as exc:
+        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
+        st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
+        return None
+
+
+def _job_key(cfg: SweepConfig) -> tuple[Any, ...]:
+    return ("howfar", cfg)
+
+
+def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
+    """Queue the sweep (reused when it exists) and stop this session's previous unfinished one."""
+    key = _job_key(cfg)
+    old = ss.get(P + "key")
+    job = ui.submit_job(key, lambda: gamma_lab.sweep_steps(pair, ids, cfg))
+    if job is None:
+        return
+    if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
+        j.cancel()
+    ss[P + "key"] = key
+
+
+# ------------------------------------------------------------------------------------------
+# Results
+# ------------------------------------------------------------------------------------------
+
+
+def _poll(key: tuple[Any, ...]) -> None:
+    """Progress of the running sweep; a full rerun once it finishes."""
+    job: Job | None = ui.job(key)
+    if job is None:
+        return
+    view = job.view()
+    if view.finished:
+        st.rerun(scope="app")
+    ui.show_job_status(job, view, "Measuring γ")
+
+
+def _metrics(sweep: Sweep, s: Settings) -> None:
+    best = sweep.best_measured
+    lev = gamma_lab.leviathan_curves(sweep.alpha, sweep.c).best if sweep.alpha is not None and sweep.c is not None else None
+    if s.level == "d1":
+        if best is not None and best.speedup:
+            st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
+                        f"with it the answer came **{strip.speed_words(best.speedup)}** "
+                        f"({best.speedup:.1f} times as fast as the big model alone).")
+        return
+    slots = [st.container() for _ in range(5)] if s.presenter else list(st.columns(5))  # large type needs the width
+    slots[0].metric("α (measured)", f"{sweep.alpha:.2f}" if sweep.alpha is not None else "–",
+                    help="Accepted ÷ checked drafted tokens, pooled over every γ run (a drafted token after a "
+                         "rejection is never checked, so it does not count here).")
+    slots[1].metric("c (measured)", f"{sweep.c:.3f}" if sweep.c is not None else "–",
+                    help="Draft ms per drafted token ÷ one target step (median step of the target-only run).")
+    slots[2].metric("target step", f"{sweep.target_step_ms:.0f} ms" if sweep.target_step_ms else "–",
+                    help="Median time of one target forward for one new token, measured on this machine.")
+    slots[3].metric("best γ (Leviathan)", str(lev) if lev else "–")
+    slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
+
+
+def _sliders(sweep: Sweep | None, key: tuple[Any, ...] | None) -> tuple[float, float]:
+    """α and c sliders: they start on the measurement and only change the chart, never the runs."""
+    measured = sweep is not None and sweep.alpha is not None and sweep.c is not None
+    if measured and ss.get(P + "synced") != key:
+        _reset_sliders(_clamp(sweep.alpha, *ALPHA_RANGE), _clamp(sweep.c, *C_RANGE))
+        ss[P + "synced"] = key
+    left, mid, right = st.columns([3, 3, 2], vertical_alignment="bottom")
+    alpha = left.slider("α — chance a guess is accepted", *ALPHA_RANGE, step=0.01, key=P + "alpha", persist_state="session",
+                        help="Explore beyond the measurement: the curves follow; nothing is re-run.")
+    c = mid.slider("c — one draft token's cost in target steps", *C_RANGE, step=0.01, key=P + "c", persist_state="session")
+    if measured:
+        right.button("Back to the measured α and c", key=P + "reset", on_click=_reset_sliders,
+                     args=(_clamp(sweep.alpha, *ALPHA_RANGE), _clamp(sweep.c, *C_RANGE)))
+    return alpha, c
+
+
+def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None) -> None:
+    measured = None
+    verify = None
+    if sweep is not None and sweep.alpha is not None and sweep.c is not None:
+        measured = gamma_lab.leviathan_curves(sweep.alpha, sweep.c)
+        if sweep.verify_fit is not None and s.level == "d5":
+            verify = gamma_lab.verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
+    custom = None
+    if slider is not None:
+        moved = measured is None or abs(slider[0] - _clamp(measured.alpha, *ALPHA_RANGE)) > 0.004 or \
+            abs(slider[1] - _clamp(measured.c, *C_RANGE)) > 0.004
+        custom = gamma_lab.leviathan_curves(*slider) if moved else None
+    if measured is None and custom is None:
+        return
+    points = sweep.points if sweep is not None else ()
+    fig = lab_gamma.how_far_figure(measured, points, custom, verify, s.level, ui.font_size(s))
+    st.plotly_chart(fig, key=P + "chart", config={"displayModeBar": False})
+    if custom is not None and measured is None:
+        st.caption("Curves for the sliders' α and c only: press **Measure** to add this machine's measurement.")
+
+
+def _table(sweep: Sweep, s: Settings) -> None:
+    rows = []
+    for p in sweep.points:
+        exp = gamma_lab.leviathan_curves(sweep.alpha, sweep.c, (p.gamma,)).speedup[0] if (
+            sweep.alpha is not None and sweep.c is not None) else None
+        row = {
+            "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": exp,
+            "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
+            "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,
+        }
+        if s.level == "d5":
+            row.update({"c": p.c, "verify pass (target steps)": p.verify_steps,
+                        "same text as target alone": p.identical})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
+    fmt["ms / token"] = "{:.0f}"
+    st.dataframe(frame.style.format(fmt, na_rep="–"), hide_index=True)
+    st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
+               "(decode time; prompt reading not counted). Measured on this machine: a 2-core CPU, no GPU, "
+               "sharing its cores with this page.")
+
+
+def _honesty(sweep: Sweep, s: Settings) -> None:
+    """What a verify pass really cost here, against Leviathan's one-step assumption."""
+    costs = [p for p in sweep.points if p.verify_steps is not None]
+    if not costs or s.level == "d1":
+        return
+    said = ", ".join(f"γ = {p.gamma}: {p.verify_steps:.1f}" for p in costs)
+    st.markdown(f"**Measured here:** one checking pass of the target cost {said} one-token steps. "
+                "Leviathan's formula counts every pass as 1 step, so the measured points sit below its curve "
+                "when a pass costs more.")
+    if s.level == "d5":
+        fit = sweep.verify_fit
+        if fit is not None:
+            st.caption(f"Straight-line fit of the median verify cost: {fit.intercept:.2f} + {fit.slope:.3f}·n target "
+                       f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the dotted "
+                       "orange curve extrapolates).")
+        st.plotly_chart(lab_gamma.verify_cost_bars(sweep.points, ui.font_size(s)), key=P + "verify",
+                        config={"displayModeBar": False})
+
+
+def _lessons(s: Settings) -> None:
+    if s.level == "d1":
+        ui.lesson_md("d1", "howfar_read")
+        return
+    with st.expander("How to read the chart", expanded=s.level == "d2"):
+        ui.lesson_md(s.level, "howfar_read")
+    with st.expander("Honest CPU notes: what a verify pass costs here", expanded=s.level == "d5"):
+        ui.lesson_md(s.level, "howfar_cpu")
+
+
+# ------------------------------------------------------------------------------------------
+# The page
+# ------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    s = ui.settings()
+    _init_state()
+    _header(s)
+    prompt = _prompt_box()
+    gammas = _gamma_picker(s)
+    st.button("Measure", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
+    requested = ss.pop(P + "run_request", False)
+
+    pair = _load_pair(s)
+    if pair is None:
+        return
+    ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []
+    problem = prompt_problem(prompt, len(ids), pair.context_length, s.max_new_tokens)
+    if not gammas:
+        problem = problem or "Choose at least one γ to measure."
+    cfg = None
+    if problem:
+        st.info(problem, icon=":material/edit:")
+    else:
+        cfg = gamma_lab.make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
+        _plan(cfg, s)
+        if requested:
+            _start(pair, ids, cfg)
+        elif ui.job(_job_key(cfg)) is not None:
+            ss[P + "key"] = _job_key(cfg)  # measured before (by anyone): show it, never re-run it
+
+    key = ss.get(P + "key")
+    job = ui.job(key) if key is not None else None
+    if key is not None and job is None:
+        st.warning("This measurement is no longer in memory. Press **Measure** to run it again.")
+    if job is not None and cfg is not None and key != _job_key(cfg):
+        st.info("The prompt, γ values or settings changed since this measurement. Press **Measure** to run them; "
+                "until then the previous measurement stays on screen.", icon=":material/sync:")
+    view = job.view() if job is not None else None
+    if view is not None and not view.finished:
+        st.fragment(run_every=1.0)(_poll)(key)
+    elif view is not None and view.state != "done":
+        ui.show_job_status(job, view, "Measuring γ")
+    sweep: Sweep | None = view.result if view is not None and view.state == "done" else None
+
+    st.divider()
+    if sweep is not None:
+        st.subheader("What this machine measured" if s.level != "d1" else "What happened")
+        _metrics(sweep, s)
+    slider = _sliders(sweep, key) if s.level != "d1" else None
+    _chart(sweep, s, slider)
+    if sweep is not None and s.level != "d1":
+        _table(sweep, s)
+        _honesty(sweep, s)
+    elif sweep is None and s.level == "d1":
+        st.caption("Press **Measure** to race the helper at different numbers of guesses.")
+    _lessons(s)
+
+
+main()

@@ -1,6 +1,226 @@
-"""Where it helps lab page (being built)."""
+"""Where it helps: speed-up and acceptance per workload, predictable against creative text."""
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
 import streamlit as st
 
-st.title("Where it helps")
-st.info("This lab is being built.")
+from specviz import ui, workloads
+from specviz.live import Job
+from specviz.models import PairError
+from specviz.presets import GROUP_TITLES
+from specviz.settings import Settings
+from specviz.viz import lab_workloads, strip
+from specviz.workloads import BenchFile, BenchReadError, WorkloadResults, WorkloadsConfig
+
+P = "where."  # session_state prefix of this page
+SOURCES = {"run": "Run now on this machine", "bench": "Latest benchmark results"}
+ss = st.session_state
+
+
+def _request_run() -> None:
+    ss[P + "run_request"] = True
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _read_bench(path: str, mtime: float) -> BenchFile:
+    """One bench file, re-read only when it changes (mtime is part of the key)."""
+    return workloads.read_bench(Path(path))
+
+
+def _header(s: Settings) -> None:
+    st.title("Where does the helper help?" if s.level == "d1" else "Where it helps")
+    ui.lesson_md(s.level, "where_intro")
+
+
+def _source(s: Settings, bench_path: Path | None) -> str:
+    """The source radio; its default follows the pair (and changes when the pair does)."""
+    default, why = workloads.default_source(s.pair, bench_path is not None)
+    if ss.get(P + "source_pair") != s.pair:
+        ss[P + "source"] = default
+        ss[P + "source_pair"] = s.pair
+    source = st.radio("Where the numbers come from", list(SOURCES), key=P + "source", format_func=SOURCES.get,
+                      horizontal=True)
+    st.caption(f"Default for this pair: **{SOURCES[default]}** — {why}")
+    return source
+
+
+def _job_key(cfg: WorkloadsConfig) -> tuple[Any, ...]:
+    return ("where", cfg)
+
+
+def _run_config(s: Settings) -> WorkloadsConfig:
+    return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
+
+
+def _poll(key: tuple[Any, ...]) -> None:
+    job: Job | None = ui.job(key)
+    if job is None:
+        return
+    view = job.view()
+    if view.finished:
+        st.rerun(scope="app")
+    ui.show_job_status(job, view, "Running the workloads")
+
+
+def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
+    """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
+    cfg = _run_config(s)
+    st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
+               f"{workloads.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
+               "Change γ, the drafter or the decoding in the sidebar.")
+    st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
+    key = _job_key(cfg)
+    if requested:
+        try:
+            pair = ui.get_pair(s.pair)
+        except PairError as exc:
+            st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
+            st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
+            return None
+        old = ss.get(P + "key")
+        if ui.submit_job(key, lambda: workloads.workload_steps(pair, cfg)) is not None:
+            if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
+                j.cancel()
+            ss[P + "key"] = key
+    elif ui.job(key) is not None:
+        ss[P + "key"] = key  # measured before with these settings (by anyone): show it, never re-run it
+    shown = ss.get(P + "key")
+    job = ui.job(shown) if shown is not None else None
+    if shown is not None and job is None:
+        st.warning("This measurement is no longer in memory. Press **Run the workloads** to run it again.")
+        return None
+    if job is None:
+        st.caption("Nothing measured yet with these settings: press **Run the workloads**.")
+        return None
+    if shown != key:
+        st.info("The sidebar settings changed since this measurement. Press **Run the workloads** to measure them; "
+                "until then the previous measurement stays on screen.", icon=":material/sync:")
+    view = job.view()
+    if not view.finished:
+        st.fragment(run_every=1.0)(_poll)(shown)
+        return None
+    if view.state != "done":
+        ui.show_job_status(job, view, "Running the workloads")
+        return None
+    return view.result
+
+
+def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
+    """Source 2: the newest `python -m specviz bench` CSV for this pair."""
+    if path is None:
+        st.info(f"No benchmark file for `{s.pair}` in `benchmarks/`. Make one with "
+                f"`python -m specviz bench --pair {s.pair}` (add `--quick` for a shorter run), "
+                "or choose **Run now on this machine**.", icon=":material/folder_off:")
+        return None
+    try:
+        file = _read_bench(str(path), path.stat().st_mtime)
+    except BenchReadError as exc:
+        st.error(str(exc), icon=":material/error:")
+        return None
+    modes = file.modes(s.pair)
+    if not modes:
+        st.info(f"`{path.name}` holds no rows for `{s.pair}`.")
+        return None
+    left, right = st.columns([1, 3])
+    mode = left.selectbox("Decoding", modes, key=P + "bench_mode",
+                          index=modes.index(s.mode) if s.mode in modes else 0)
+    methods = file.methods(s.pair, mode)
+    default = workloads.default_method(methods, s.drafter, s.gamma, s.adaptive)
+    if ss.get(P + "bench_method") not in methods:
+        ss[P + "bench_method"] = default
+    method = right.selectbox("Method shown", methods, key=P + "bench_method", format_func=workloads.bench_method_words)
+    _provenance(file, s)
+    return workloads.bench_results(file, s.pair, method, mode)
+
+
+def _provenance(file: BenchFile, s: Settings) -> None:
+    lines = [f"File: `{file.path.parent.name}/{file.path.name}` (modified {file.modified})"]
+    if file.date:
+        lines.append(f"run on {file.date}")
+    if file.machine:
+        lines.append(f"machine: {file.machine}")
+    if file.command:
+        lines.append(f"command: `{file.command}`")
+    if file.settings and s.level == "d5":
+        lines.append(f"settings: {file.settings}")
+    st.caption(" · ".join(lines))
+    st.caption("The benchmark uses its own short prompts of the same kinds (see `specviz/bench.py`), not exactly the "
+               "preset texts, and counts prompt reading in ms/token; the **Run now** source uses the presets and "
+               "counts decoding only.")
+
+
+def _results(res: WorkloadResults, s: Settings) -> None:
+    st.subheader("What was measured" if s.level != "d1" else "What we found")
+    st.caption(f"{'Measured now on this machine (a 2-core CPU, no GPU)' if res.source == 'run' else 'From the file'}: "
+               f"{res.method}.")
+    if not res.rows:
+        st.info("No workload could be measured.")
+    else:
+        st.plotly_chart(lab_workloads.workload_bars(res.rows, s.level, ui.font_size(s)), key=P + "bars",
+                        config={"displayModeBar": False})
+        _summary(res, s)
+        if s.level != "d1":
+            _table(res, s)
+    for note in res.skipped:
+        st.caption(f"Skipped — {note}")
+    shown = {r.workload for r in res.rows}
+    if res.source == "bench" and len(shown) < 6:
+        st.caption(f"This benchmark file covers {len(shown)} workloads ({', '.join(r.title for r in res.rows)}); "
+                   "a full `python -m specviz bench` run covers all six.")
+
+
+def _summary(res: WorkloadResults, s: Settings) -> None:
+    """One sentence comparing the two groups' means, in the level's words."""
+    sp = {g: res.group_mean(g, "speedup") for g in ("predictable", "creative")}
+    ac = {g: res.group_mean(g, "acceptance") for g in ("predictable", "creative")}
+    if sp["predictable"] is None or sp["creative"] is None:
+        return
+    if s.level == "d1":
+        st.markdown(f"With easy-to-guess writing the helper made it **{strip.speed_words(sp['predictable'])}** "
+                    f"({sp['predictable']:.1f} times as fast); with stories and poems "
+                    f"**{strip.speed_words(sp['creative'])}** ({sp['creative']:.1f} times as fast).")
+        return
+    acc = ""
+    if ac["predictable"] is not None and ac["creative"] is not None:
+        acc = f" (acceptance {ac['predictable']:.0%} against {ac['creative']:.0%})"
+    st.markdown(f"**{GROUP_TITLES['predictable']}** workloads averaged **{sp['predictable']:.2f}×**, "
+                f"**{GROUP_TITLES['creative'].lower()}** ones **{sp['creative']:.2f}×**{acc}.")
+
+
+def _table(res: WorkloadResults, s: Settings) -> None:
+    rows = []
+    for r in res.rows:
+        row = {"workload": r.title, "group": r.group, "speed-up": r.speedup, "acceptance": r.acceptance,
+               "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
+               "target alone ms / token": r.baseline_ms_per_token}
+        if s.level == "d5":
+            row["same text as target alone"] = r.identical
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    fmt = {"speed-up": "{:.2f}×", "acceptance": "{:.0%}", "tokens / round": "{:.2f}", "ms / token": "{:.0f}",
+           "target alone ms / token": "{:.0f}"}
+    st.dataframe(frame.style.format(fmt, na_rep="–"), hide_index=True)  # st.dataframe escapes every cell
+    if res.target_step_ms:
+        st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
+
+
+def main() -> None:
+    s = ui.settings()
+    _header(s)
+    requested = ss.pop(P + "run_request", False)
+    bench_path = workloads.find_bench(s.pair)
+    source = _source(s, bench_path)
+    res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
+    st.divider()
+    if res is not None:
+        _results(res, s)
+    ui.lesson_md(s.level, "where_why")
+    if s.level == "d5":
+        ui.lesson_md("d5", "where_caveats")
+
+
+main()

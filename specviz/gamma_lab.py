@@ -1,0 +1,226 @@
+"""How far to guess: a γ sweep (target-only baseline + one speculative run per γ) and Leviathan's curves."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specviz import metrics
+from specviz.drafters import make_drafter
+from specviz.engine import (
+    GAMMA_RANGE, Generation, GenerationConfig, GenIter, RoundTrace, autoregressive_generate, speculative_generate,
+)
+from specviz.live import Progress
+from specviz.sampling import SamplingConfig
+
+DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
+GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
+CURVE_GAMMAS = GAMMA_CHOICES  # the chart's x axis: γ = 1..16
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One measurement of the lab; frozen and made of plain values, so it is the runner's cache key."""
+
+    pair: str  # model pair name (the runner shares jobs between pupils by this key)
+    prompt: str  # raw text the models continue
+    drafter: str  # "model" or "ngram" (the sidebar's drafter)
+    gammas: tuple[int, ...]  # the draft lengths measured, sorted and unique
+    max_new_tokens: int  # per run (EOS may stop a run earlier)
+    sampling: SamplingConfig  # the sidebar's decoding: the same for the baseline and every γ
+
+    def __post_init__(self) -> None:
+        if not self.gammas:
+            raise ValueError("choose at least one γ to measure")
+        lo, hi = GAMMA_RANGE
+        if any(not lo <= g <= hi for g in self.gammas):
+            raise ValueError(f"every γ must be in {lo}..{hi}, got {self.gammas}")
+        if tuple(sorted(set(self.gammas))) != self.gammas:
+            raise ValueError(f"γ values must be sorted and unique, got {self.gammas} (use make_sweep_config)")
+
+    def spec_config(self, gamma: int) -> GenerationConfig:
+        """Fixed γ, never adaptive: the lab asks what each γ does on its own."""
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=gamma, sampling=self.sampling)
+
+    def baseline_config(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, gamma=GAMMA_RANGE[0], sampling=self.sampling)
+
+    @property
+    def runs(self) -> int:
+        return 1 + len(self.gammas)
+
+
+def make_sweep_config(pair: str, prompt: str, drafter: str, gammas: Sequence[int], max_new_tokens: int,
+                      sampling: SamplingConfig) -> SweepConfig:
+    """A SweepConfig with the γ values sorted and de-duplicated (a multiselect gives them in click order)."""
+    return SweepConfig(pair, prompt, drafter, tuple(sorted({int(g) for g in gammas})), max_new_tokens, sampling)
+
+
+@dataclass(frozen=True)
+class GammaPoint:
+    """What one speculative run at one γ measured."""
+
+    gamma: int
+    acceptance: float | None  # accepted / drafted (as on the Watch page)
+    alpha: float | None  # accepted / checked positions (metrics.checked_acceptance)
+    tokens_per_round: float | None  # new tokens per target pass
+    c: float | None  # draft ms per drafted token / target ms per step
+    speedup: float | None  # baseline ms/token ÷ this run's ms/token (decode only)
+    ms_per_token: float
+    verify_steps: float | None  # median verify pass that scored γ + 1 tokens, in target steps
+    new_tokens: int
+    identical: bool | None  # greedy only: the same tokens as the baseline
+
+
+@dataclass(frozen=True)
+class VerifyFit:
+    """A straight line through the measured verify costs: steps(n) = intercept + slope·n, n tokens scored."""
+
+    intercept: float
+    slope: float
+    max_scored: int  # largest n actually measured (beyond it the line is an extrapolation)
+
+    def steps(self, scored: int) -> float:
+        return max(self.intercept + self.slope * scored, 0.0)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The lab's result: the baseline, one point per γ, and the pooled α and c of all runs."""
+
+    config: SweepConfig
+    target_step_ms: float | None  # median one-token target step of the baseline
+    baseline_ms_per_token: float
+    baseline_tokens: int
+    alpha: float | None  # pooled over every γ run (checked positions)
+    acceptance: float | None  # pooled accepted / drafted
+    c: float | None  # pooled
+    verify_fit: VerifyFit | None  # None when fewer than two pass sizes were measured
+    points: tuple[GammaPoint, ...]
+
+    @property
+    def best_measured(self) -> GammaPoint | None:
+        scored = [p for p in self.points if p.speedup is not None]
+        return max(scored, key=lambda p: p.speedup) if scored else None
+
+
+@dataclass(frozen=True)
+class Curves:
+    """Leviathan's expected tokens per round and speed-up at every γ of the chart, and the best γ."""
+
+    alpha: float
+    c: float
+    gammas: tuple[int, ...]
+    tokens: tuple[float, ...]
+    speedup: tuple[float, ...]
+    best: int
+
+
+def leviathan_curves(alpha: float, c: float, gammas: Sequence[int] = CURVE_GAMMAS) -> Curves:
+    """The two curves for one (α, c), from metrics' formulas."""
+    return Curves(
+        alpha, c, tuple(gammas),
+        tuple(metrics.expected_tokens_per_round(alpha, g) for g in gammas),
+        tuple(metrics.expected_speedup(alpha, g, c) for g in gammas),
+        metrics.best_gamma(alpha, c, gammas),
+    )
+
+
+def speedup_with_verify_cost(alpha: float, gamma: int, c: float, fit: VerifyFit) -> float:
+    """Leviathan's speed-up with the measured cost of a (γ+1)-token verify pass in place of 1 target step."""
+    return metrics.expected_tokens_per_round(alpha, gamma) / (gamma * c + max(fit.steps(gamma + 1), 1e-9))
+
+
+def verify_cost_curve(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> tuple[float, ...]:
+    return tuple(speedup_with_verify_cost(alpha, g, c, fit) for g in gammas)
+
+
+def verify_steps_by_size(rounds: Sequence[RoundTrace], step_ms: float) -> dict[int, float]:
+    """Median verify ms per pass size (tokens scored = drafted + 1), in target steps."""
+    by_size: dict[int, list[float]] = {}
+    for r in rounds:
+        by_size.setdefault(len(r.draft_ids) + 1, []).append(r.verify_ms)
+    return {n: statistics.median(ms) / step_ms for n, ms in sorted(by_size.items())}
+
+
+def fit_verify_cost(sizes: dict[int, float]) -> VerifyFit | None:
+    """Least-squares line through one median per pass size (each size weighs the same, however many rounds)."""
+    if len(sizes) < 2:
+        return None
+    n = np.array(list(sizes), dtype=float)
+    steps = np.array(list(sizes.values()), dtype=float)
+    slope, intercept = np.polyfit(n, steps, 1)
+    return VerifyFit(float(intercept), float(slope), int(n.max()))
+
+
+def _point(gamma: int, gen: Generation, baseline: Generation, step_ms: float | None) -> GammaPoint:
+    full = [r for r in gen.rounds if len(r.draft_ids) == gamma]  # rounds cut short by the token budget are left out
+    verify = statistics.median(r.verify_ms for r in full) / step_ms if full and step_ms else None
+    greedy = gen.config.sampling.greedy
+    return GammaPoint(
+        gamma=gamma,
+        acceptance=metrics.acceptance_rate(gen.rounds),
+        alpha=metrics.checked_acceptance(gen.rounds),
+        tokens_per_round=metrics.tokens_per_target_call(gen.rounds),
+        c=metrics.measured_c(gen.rounds, step_ms),
+        speedup=metrics.measured_speedup(baseline, gen),
+        ms_per_token=gen.ms_per_token,
+        verify_steps=verify,
+        new_tokens=len(gen.tokens),
+        identical=(gen.tokens == baseline.tokens) if greedy else None,
+    )
+
+
+def summarize_sweep(config: SweepConfig, baseline: Generation, runs: Sequence[tuple[int, Generation]]) -> Sweep:
+    """Every figure of the lab from the recorded runs (pure: no model)."""
+    step = metrics.target_ms_per_step(baseline)
+    rounds = [r for _, gen in runs for r in gen.rounds]
+    sizes = verify_steps_by_size(list(baseline.rounds) + rounds, step) if step else {}
+    return Sweep(
+        config=config,
+        target_step_ms=step,
+        baseline_ms_per_token=baseline.ms_per_token,
+        baseline_tokens=len(baseline.tokens),
+        alpha=metrics.checked_acceptance(rounds),
+        acceptance=metrics.acceptance_rate(rounds),
+        c=metrics.measured_c(rounds, step),
+        verify_fit=fit_verify_cost(sizes),
+        points=tuple(_point(g, gen, baseline, step) for g, gen in runs),
+    )
+
+
+def run_with_progress(steps: GenIter, done_before: int, total: int, label: str, budget: int
+                   ) -> Generator[Progress, None, Generation]:
+    """Drain one generation, yielding a Progress per round (tokens are the unit); returns the Generation."""
+    made = 0
+    while True:
+        try:
+            r = next(steps)
+        except StopIteration as stop:
+            return stop.value
+        made += len(r.new_ids)
+        yield Progress(done_before + min(made, budget), total, f"{label}: {min(made, budget)}/{budget} tokens")
+
+
+def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Generator[Progress, None, Sweep]:
+    """The runner job: baseline, then one speculative run per γ; a Progress per round and after each run."""
+    budget, ids, eos = config.max_new_tokens, list(prompt_ids), tuple(pair.eos_ids)
+    total = budget * config.runs
+    yield Progress(0, total, "target alone (the baseline)…")
+    baseline = yield from run_with_progress(
+        autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline_config(), eos),
+        0, total, "target alone", budget)
+    runs: list[tuple[int, Generation]] = []
+    for i, gamma in enumerate(config.gammas, start=1):
+        yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
+        drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None)
+        gen = yield from run_with_progress(
+            speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
+            budget * i, total, f"γ = {gamma}", budget)
+        runs.append((gamma, gen))
+    yield Progress(total, total, f"all {config.runs} runs done")
+    return summarize_sweep(config, baseline, runs)

@@ -1,0 +1,119 @@
+"""The "How far to guess" chart: Leviathan's curves against γ, the measured points, and the best γ."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specviz.gamma_lab import Curves, GammaPoint
+from specviz.viz.figures import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR
+
+MEASURED_COLOUR = "#D55E00"  # Okabe–Ito vermillion: the measured points
+CUSTOM_COLOUR = "#CC79A7"  # reddish purple: the sliders' curves
+VERIFY_COLOUR = "#E69F00"  # orange: the curve with the measured verify cost
+
+# axis and legend words per level (D1 avoids every symbol)
+WORDS: dict[str, dict[str, str]] = {
+    "d1": {
+        "x": "how many words the helper guesses each turn", "tokens": "words per big-model turn",
+        "speed": "how much sooner (× faster)", "curve": "what the maths predicts", "points": "what we measured",
+        "custom": "your helper", "best": "best", "verify": "", "none": "no gain",
+    },
+    "d2": {
+        "x": "γ — tokens guessed per round", "tokens": "tokens per round", "speed": "speed-up (×)",
+        "curve": "expected (measured α, c)", "points": "measured here", "custom": "expected (your α, c)",
+        "best": "best γ", "verify": "", "none": "no gain",
+    },
+    "d5": {
+        "x": "γ (draft length, tokens)", "tokens": "E[tokens per round]", "speed": "speed-up (× wall time)",
+        "curve": "Leviathan (measured α, c)", "points": "measured", "custom": "Leviathan (slider α, c)",
+        "best": "best γ", "verify": "with measured verify cost", "none": "1× = no gain",
+    },
+}
+
+
+def _best_marker(fig: go.Figure, curves: Curves, colour: str, name: str, row: int) -> None:
+    """A star on the curve at its best γ, and a dotted line down to the axis."""
+    i = curves.gammas.index(curves.best)
+    fig.add_scatter(x=[curves.best], y=[curves.speedup[i]], mode="markers+text", name=name,
+                    marker=dict(symbol="star", size=17, color=colour, line=dict(width=1, color="white")),
+                    text=[f"γ = {curves.best}"], textposition="top center", textfont=dict(color=colour),
+                    hovertemplate=f"{name}: γ = %{{x}}, %{{y:.2f}}×<extra></extra>", row=row, col=1)
+    fig.add_vline(x=curves.best, line=dict(color=colour, dash="dot", width=1), row=row, col=1)
+
+
+def _curve(fig: go.Figure, xs: Sequence[int], ys: Sequence[float], name: str, colour: str, dash: str, row: int,
+           legend: bool, fmt: str) -> None:
+    fig.add_scatter(x=list(xs), y=list(ys), mode="lines", name=name, line=dict(color=colour, dash=dash, width=2.5),
+                    showlegend=legend, legendgroup=name, row=row, col=1,
+                    hovertemplate=f"γ = %{{x}}: %{{y:{fmt}}}<extra>{name}</extra>")
+
+
+def _points(fig: go.Figure, points: Sequence[GammaPoint], field: str, name: str, row: int, legend: bool,
+            best_gamma: int | None, fmt: str) -> None:
+    pts = [p for p in points if getattr(p, field) is not None]
+    if not pts:
+        return
+    sizes = [17 if p.gamma == best_gamma else 12 for p in pts]
+    fig.add_scatter(x=[p.gamma for p in pts], y=[getattr(p, field) for p in pts], mode="markers", name=name,
+                    marker=dict(symbol="x", size=sizes, color=MEASURED_COLOUR, line=dict(width=1)),
+                    showlegend=legend, legendgroup=name, row=row, col=1,
+                    hovertemplate=f"γ = %{{x}}: %{{y:{fmt}}}<extra>{name}</extra>")
+
+
+def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom: Curves | None = None,
+                   verify_curve: Sequence[float] | None = None, level: str = "d2", font_size: int = 13) -> go.Figure:
+    """Expected tokens per round (top) and expected speed-up (bottom) against γ = 1..16.
+
+    `measured`: the curves for the measured α and c; `points`: the measured runs; `custom`: the
+    sliders' curves (None when the sliders sit on the measurement); `verify_curve`: speed-up with the
+    measured verify cost (D5). D1 shows the speed-up panel only.
+    """
+    w = WORDS.get(level, WORDS["d2"])
+    both = level != "d1"
+    fig = make_subplots(rows=2 if both else 1, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    speed_row = 2 if both else 1
+    best_point = max((p for p in points if p.speedup is not None), key=lambda p: p.speedup, default=None)
+    for curves, name, colour, dash in ((measured, w["curve"], SPEED_COLOUR, "solid"),
+                                       (custom, w["custom"], CUSTOM_COLOUR, "dash")):
+        if curves is None:
+            continue
+        if both:
+            _curve(fig, curves.gammas, curves.tokens, name, colour, dash, 1, False, ".2f")
+        _curve(fig, curves.gammas, curves.speedup, name, colour, dash, speed_row, True, ".2f")
+        _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row)
+    if verify_curve is not None and measured is not None and w["verify"]:
+        _curve(fig, measured.gammas, verify_curve, w["verify"], VERIFY_COLOUR, "dot", speed_row, True, ".2f")
+    if both:
+        _points(fig, points, "tokens_per_round", w["points"], 1, False, None, ".2f")
+    _points(fig, points, "speedup", w["points"], speed_row, True, best_point.gamma if best_point else None, ".2f")
+    fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1), row=speed_row, col=1,
+                  annotation_text=w["none"], annotation_position="bottom right",
+                  annotation_font=dict(color=PLAIN_COLOUR, size=max(font_size - 2, 9)))
+    top = max([1.5] + [y for c in (measured, custom) if c for y in c.speedup]
+              + [p.speedup for p in points if p.speedup is not None])
+    fig.update_yaxes(title_text=w["speed"], ticksuffix="×", range=[0, top * 1.15], row=speed_row, col=1)
+    if both:
+        fig.update_yaxes(title_text=w["tokens"], rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(title_text=w["x"], dtick=1, range=[0.5, 16.5], row=speed_row, col=1)
+    fig.update_xaxes(dtick=1, range=[0.5, 16.5], row=1, col=1)
+    fig.update_layout(template="plotly_white", height=560 if both else 340, font=dict(size=font_size),
+                      margin=dict(l=10, r=10, t=30, b=10),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+    return fig
+
+
+def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Figure:
+    """Measured cost of one verify pass (γ + 1 tokens scored) in one-token target steps, against γ."""
+    pts = [p for p in points if p.verify_steps is not None]
+    fig = go.Figure()
+    fig.add_bar(x=[p.gamma for p in pts], y=[p.verify_steps for p in pts], marker_color=ACC_COLOUR,
+                name="measured", hovertemplate="γ = %{x}: %{y:.2f} target steps<extra></extra>")
+    fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot"), annotation_text="Leviathan's assumption: 1 step",
+                  annotation_position="top left")
+    fig.update_layout(template="plotly_white", height=260, font=dict(size=font_size), margin=dict(l=10, r=10, t=30, b=10),
+                      xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
+                      yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"), showlegend=False)
+    return fig

@@ -1,0 +1,273 @@
+"""Where it helps: speed-up and acceptance per preset workload, run now or read from a `specviz bench` file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import statistics
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from specviz import metrics
+from specviz.bench import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
+from specviz.drafters import make_drafter
+from specviz.engine import Generation, GenerationConfig, autoregressive_generate, speculative_generate
+from specviz.gamma_lab import run_with_progress
+from specviz.live import Progress
+from specviz.presets import PRESETS, Preset, get_preset
+from specviz.settings import prompt_problem
+
+Source = Literal["run", "bench"]
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+# Pairs too slow on the 2-core CPU to run twelve generations while a class waits: qwen-coder's 1.5B
+# target takes ~300 ms per token, so six workloads × (baseline + speculative) × 64 tokens is ~4 minutes.
+SLOW_PAIRS = frozenset({"qwen-coder"})
+NEEDED_COLUMNS = ("workload", "kind", "mode", "method", "speedup", "acceptance_rate")
+
+
+class BenchReadError(ValueError):
+    """A benchmark file that cannot be shown (one line for the page)."""
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    """One bar of each chart: a workload's speed-up and acceptance (None where not measurable)."""
+
+    workload: str  # preset / benchmark workload id ("code", "story", …)
+    title: str
+    group: str  # "predictable" or "creative"
+    speedup: float | None  # target-only ms/token ÷ speculative ms/token
+    acceptance: float | None  # accepted / drafted tokens
+    tokens_per_round: float | None  # new tokens per target pass
+    ms_per_token: float | None  # speculative
+    baseline_ms_per_token: float | None  # target alone
+    new_tokens: float | None
+    identical: bool | None  # greedy: the speculative text equals the target-only text
+
+
+@dataclass(frozen=True)
+class WorkloadResults:
+    """What the page draws, whichever the source."""
+
+    source: Source
+    pair: str
+    method: str  # what the bars measure, in words
+    rows: tuple[WorkloadRow, ...]
+    skipped: tuple[str, ...] = ()  # workloads that could not run (with the reason)
+    target_step_ms: float | None = None  # run now: median one-token target step over all baselines
+
+    def group_mean(self, group: str, field: str) -> float | None:
+        """Mean of one field over a group's workloads (None when nothing was measured)."""
+        vals = [getattr(r, field) for r in self.rows if r.group == group and getattr(r, field) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+
+# ---------------------------------------------------------------------------------------------
+# source 1: run the presets now
+
+
+@dataclass(frozen=True)
+class WorkloadsConfig:
+    """One "run now" measurement; frozen and hashable, so it is the runner's cache key."""
+
+    pair: str
+    drafter: str  # "model" or "ngram"
+    spec: GenerationConfig  # the sidebar's speculative settings (γ, adaptive, decoding, max new tokens)
+    baseline: GenerationConfig  # the same decoding, target alone
+    presets: tuple[Preset, ...] = PRESETS  # the workloads, in display order
+
+    @property
+    def runs(self) -> int:
+        return 2 * len(self.presets)
+
+
+def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
+    """Which source the page opens on, and one sentence saying why."""
+    if pair in SLOW_PAIRS and bench_found:
+        return "bench", (f"`{pair}` is slow on this CPU (~300 ms per target token), so the page opens on the latest "
+                         "benchmark file; running all six workloads here would take several minutes.")
+    if pair in SLOW_PAIRS:
+        return "run", f"`{pair}` is slow on this CPU, but no benchmark file was found for it, so the page runs it here."
+    return "run", f"`{pair}` is fast enough on this CPU to run every workload now."
+
+
+def _row(preset: Preset, spec: Generation, baseline: Generation) -> WorkloadRow:
+    return WorkloadRow(
+        workload=preset.id, title=preset.title, group=preset.group,
+        speedup=metrics.measured_speedup(baseline, spec),
+        acceptance=metrics.acceptance_rate(spec.rounds),
+        tokens_per_round=metrics.tokens_per_target_call(spec.rounds),
+        ms_per_token=spec.ms_per_token, baseline_ms_per_token=baseline.ms_per_token,
+        new_tokens=float(len(spec.tokens)),
+        identical=(spec.tokens == baseline.tokens) if spec.config.sampling.greedy else None,
+    )
+
+
+def method_words(drafter: str, spec: GenerationConfig) -> str:
+    """The speculative settings of a run, in a few words."""
+    who = "prompt-lookup drafter" if drafter == "ngram" else "model drafter"
+    gamma = f"adaptive γ ≤ {spec.gamma}" if spec.adaptive else f"γ = {spec.gamma}"
+    mode = "greedy" if spec.sampling.greedy else f"sampling T = {spec.sampling.temperature:g}"
+    return f"speculative, {who}, {gamma}, {mode}, up to {spec.max_new_tokens} new tokens"
+
+
+def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, None, WorkloadResults]:
+    """The runner job: per workload the target alone, then speculative; a Progress per round and after each run."""
+    budget, eos = config.spec.max_new_tokens, tuple(pair.eos_ids)
+    total = budget * config.runs
+    rows: list[WorkloadRow] = []
+    skipped: list[str] = []
+    steps_ms: list[float] = []
+    for i, preset in enumerate(config.presets):
+        done = 2 * budget * i
+        yield Progress(done, total, f"{preset.title}: target alone…")
+        ids = list(pair.tokenizer(preset.prompt)["input_ids"])
+        problem = prompt_problem(preset.prompt, len(ids), pair.context_length, budget)
+        if problem:
+            skipped.append(f"{preset.title}: {problem}")
+            continue
+        base = yield from run_with_progress(
+            autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
+            done, total, f"{preset.title}, target alone", budget)
+        yield Progress(done + budget, total, f"{preset.title}: speculative…")
+        drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None,
+                               adaptive=config.spec.adaptive)
+        spec = yield from run_with_progress(
+            speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
+            done + budget, total, f"{preset.title}, speculative", budget)
+        rows.append(_row(preset, spec, base))
+        steps_ms.extend(r.verify_ms for r in base.rounds)
+        yield Progress(done + 2 * budget, total, f"{preset.title}: {rows[-1].speedup or 0:.2f}× speed-up")
+    step = statistics.median(steps_ms) if steps_ms else None
+    return WorkloadResults("run", config.pair, method_words(config.drafter, config.spec), tuple(rows),
+                           tuple(skipped), step)
+
+
+# ---------------------------------------------------------------------------------------------
+# source 2: the latest `python -m specviz bench` file
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    """A benchmark CSV and what its Markdown twin says about where it came from."""
+
+    path: Path
+    modified: str  # the file's modification time (ISO, local)
+    date: str | None  # "- date:" of the .md report, when present
+    machine: str | None  # "- machine:"
+    command: str | None  # "- command:"
+    settings: str | None  # "- settings:"
+    records: tuple[dict[str, Any], ...]  # CSV rows (NaN read as None)
+
+    @property
+    def pairs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(str(r["pair"]) for r in self.records if r.get("pair") is not None))
+
+    def modes(self, pair: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(str(r["mode"]) for r in self.records if r.get("pair") == pair))
+
+    def methods(self, pair: str, mode: str) -> tuple[str, ...]:
+        """Every non-baseline method of a pair and mode, in the benchmark's order."""
+        names = {str(r["method"]) for r in self.records if r.get("pair") == pair and r.get("mode") == mode}
+        names.discard(BASELINE)
+        order = list(METHODS_BY_NAME)
+        return tuple(sorted(names, key=lambda n: order.index(n) if n in order else len(order)))
+
+
+def find_bench(pair: str, folder: Path = BENCH_DIR) -> Path | None:
+    """bench-<pair>.csv if present, else the newest CSV in the folder that holds rows of this pair."""
+    exact = folder / f"bench-{safe_name(pair)}.csv"
+    if exact.is_file():
+        return exact
+    candidates = sorted(folder.glob("*.csv"), key=lambda p: p.stat().st_mtime, reverse=True) if folder.is_dir() else []
+    for path in candidates:
+        try:
+            if pair in read_bench(path).pairs:
+                return path
+        except BenchReadError:
+            continue
+    return None
+
+
+def _header_fields(md: Path) -> dict[str, str]:
+    """The '- key: value' lines at the top of a bench .md report."""
+    out: dict[str, str] = {}
+    if not md.is_file():
+        return out
+    for line in md.read_text(encoding="utf-8").splitlines()[:12]:
+        if line.startswith("- ") and ":" in line:
+            key, value = line[2:].split(":", 1)
+            out[key.strip()] = value.strip().strip("`")
+    return out
+
+
+def _clean(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def read_bench(path: Path) -> BenchFile:
+    """Read one bench CSV (and its .md header); BenchReadError if it is not a specviz bench file."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise BenchReadError(f"{path.name} could not be read: {exc}") from exc
+    missing = [c for c in NEEDED_COLUMNS + ("pair",) if c not in frame.columns]
+    if missing:
+        raise BenchReadError(f"{path.name} is not a `specviz bench` file (missing {', '.join(missing)}; "
+                             f"expected columns like {', '.join(CSV_COLUMNS[:6])}, …)")
+    records = tuple({k: _clean(v) for k, v in row.items()} for row in frame.to_dict("records"))
+    head = _header_fields(path.with_suffix(".md"))
+    modified = dt.datetime.fromtimestamp(path.stat().st_mtime).astimezone().isoformat(timespec="seconds")
+    return BenchFile(path, modified, head.get("date"), head.get("machine"), head.get("command"),
+                     head.get("settings"), records)
+
+
+def default_method(methods: Sequence[str], drafter: str, gamma: int, adaptive: bool) -> str | None:
+    """The benchmark method closest to the sidebar's settings (γ = 4 when nothing closer was measured)."""
+    wanted = ["ngram"] if drafter == "ngram" else []
+    wanted += ["spec-adaptive"] if adaptive else [f"spec-g{gamma}"]
+    wanted += ["spec-g4"]
+    return next((m for m in wanted if m in methods), methods[0] if methods else None)
+
+
+def bench_method_words(method: str) -> str:
+    spec = METHODS_BY_NAME.get(method)
+    return f"`{method}`: {spec.description}" if spec else f"`{method}`"
+
+
+def bench_results(file: BenchFile, pair: str, method: str, mode: str) -> WorkloadResults:
+    """One bar per workload for one method and mode of the file, in the presets' order."""
+    rows = [r for r in file.records if r.get("pair") == pair and r.get("mode") == mode and r.get("method") == method]
+    bases = {r["workload"]: r for r in file.records
+             if r.get("pair") == pair and r.get("mode") == mode and r.get("method") == BASELINE}
+    order = [p.id for p in PRESETS]
+    rows.sort(key=lambda r: order.index(r["workload"]) if r["workload"] in order else len(order))
+    out = []
+    for r in rows:
+        preset, base = get_preset(str(r["workload"])), bases.get(r["workload"])
+        group = str(r.get("kind") or (preset.group if preset else "other"))
+        out.append(WorkloadRow(
+            workload=str(r["workload"]), title=preset.title if preset else str(r["workload"]),
+            group=group,
+            speedup=_num(r.get("speedup")), acceptance=_num(r.get("acceptance_rate")),
+            tokens_per_round=_num(r.get("tokens_per_target_call")), ms_per_token=_num(r.get("ms_per_token")),
+            baseline_ms_per_token=_num(base.get("ms_per_token")) if base else None,
+            new_tokens=_num(r.get("new_tokens")), identical=_flag(r.get("identical_to_baseline")),
+        ))
+    return WorkloadResults("bench", pair, bench_method_words(method), tuple(out))
+
+
+def _num(value: Any) -> float | None:
+    value = _clean(value)
+    return None if value is None else float(value)
+
+
+def _flag(value: Any) -> bool | None:
+    value = _clean(value)
+    if value is None:
+        return None
+    return value if isinstance(value, bool) else str(value).strip().lower() == "true"

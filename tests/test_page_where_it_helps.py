@@ -1,0 +1,136 @@
+"""AppTest of the "Where it helps" lab: run the presets now (tiny random pair) or read the latest bench file."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from specviz import models, ui, workloads
+from tests.test_app_watch import make_app, no_exception, texts
+
+PAGE = "pages/where_it_helps.py"
+
+
+def open_page(**query: str):
+    at = make_app(**query)
+    at.run()
+    at.switch_page(PAGE).run()
+    no_exception(at)
+    return at
+
+
+def set_settings(at, **changes):
+    """Change sidebar settings the way the sidebar does, through the Settings record pages read.
+
+    After switch_page, AppTest (streamlit 1.67) reruns only the page script, so the sidebar's
+    widgets are not in its tree; ui.settings() returns the record the sidebar stored last.
+    """
+    at.session_state["cfg.settings"] = replace(at.session_state["cfg.settings"], **changes)
+    at.run()
+    no_exception(at)
+    return at
+
+
+def run_workloads(at, timeout: float = 120.0):
+    at.button(key="where.run").click().run()
+    no_exception(at)
+    end = time.time() + timeout
+    while time.time() < end:
+        if at.get("plotly_chart"):
+            return at
+        time.sleep(0.2)
+        at.run()
+        no_exception(at)
+    pytest.fail("the workloads did not finish in time")
+
+
+def chart(at) -> dict:
+    return json.loads(at.get("plotly_chart")[0].proto.spec)
+
+
+def test_fast_pair_defaults_to_running_now_and_runs_nothing_before_asked():
+    at = open_page(max_new="11")  # settings no other test runs: the shared runner holds no job for them
+    assert at.radio(key="where.source").value == "run"
+    assert "fast enough on this CPU" in texts(at) and "Plan: for each of the 6 preset prompts" in texts(at)
+    assert "where.key" not in at.session_state and not at.get("plotly_chart")
+
+
+def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
+    at = run_workloads(open_page(level="d2"))
+    fig = chart(at)
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert {t["name"] for t in bars} == {"predictable", "creative"}
+    titles = {x for t in bars for x in t["x"]}
+    assert {"Code", "A JSON object", "A numbered list", "Copying from the prompt", "A story opening", "A poem"} <= titles
+    assert fig["layout"]["yaxis"]["title"]["text"] == "speed-up (×)"
+    table = at.dataframe[0].value
+    assert len(table) == 6 and (table["speed-up"] > 0).all()
+    words = texts(at)
+    assert "Measured now on this machine" in words and "workloads averaged" in words
+    assert "Why code and lists win and stories lose" in words
+    key = at.session_state["where.key"]
+    job = ui.runner().get(key)
+    set_settings(at, level="d1")
+    no_exception(at)
+    kids = texts(at)
+    assert kids != words and "Mercury" in kids and "times as fast" in kids
+    assert {t["name"] for t in chart(at)["data"] if t["type"] == "bar"} == {"easy to guess", "hard to guess"}
+    set_settings(at, level="d5")
+    no_exception(at)
+    assert "min(1, p/q)" in texts(at) and "same text as target alone" in at.dataframe[0].value.columns
+    assert at.session_state["where.key"] == key and ui.runner().get(key) is job  # nothing re-ran
+
+
+def test_a_second_run_with_the_same_settings_reuses_the_job():
+    at = run_workloads(open_page())
+    key = at.session_state["where.key"]
+    job = ui.runner().get(key)
+    at.button(key="where.run").click().run()
+    no_exception(at)
+    assert at.session_state["where.key"] == key and ui.runner().get(key) is job and job.view().state == "done"
+    assert at.get("plotly_chart")  # still on screen, no progress bar
+
+
+def test_changed_sidebar_settings_keep_the_old_bars_until_run():
+    at = run_workloads(open_page())
+    set_settings(at, gamma=6)
+    no_exception(at)
+    assert "changed since this measurement" in texts(at) and at.get("plotly_chart")
+
+
+def test_bench_source_without_a_file_says_how_to_make_one():
+    at = open_page()
+    at.radio(key="where.source").set_value("bench").run()
+    no_exception(at)
+    assert "No benchmark file for `tiny-random`" in texts(at) and "python -m specviz bench" in texts(at)
+
+
+def test_slow_pair_opens_on_the_benchmark_file_without_loading_it(monkeypatch):
+    if workloads.find_bench("qwen-coder") is None:
+        pytest.skip("no benchmark file for qwen-coder in this checkout")
+    loads: list[str] = []
+    real_load = models.load_pair
+
+    def no_load(name, *args, **kwargs):  # reading a file must never load the 1.5B model
+        loads.append(name)
+        if name == "qwen-coder":
+            raise models.PairError("not in this test")
+        return real_load(name, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load_pair", no_load)
+    at = open_page(level="d5")  # opened on the tiny pair: the Watch page (the default) loads its pair
+    set_settings(at, pair="qwen-coder")
+    no_exception(at)
+    assert at.radio(key="where.source").value == "bench"
+    words = texts(at)
+    assert "slow on this CPU" in words and "bench-qwen-coder.csv" in words and "machine:" in words
+    assert at.selectbox(key="where.bench_method").value == "spec-g4"
+    bars = [t for t in chart(at)["data"] if t["type"] == "bar"]
+    assert {t["name"] for t in bars} == {"predictable", "creative"}
+    at.selectbox(key="where.bench_method").set_value("spec-adaptive").run()
+    no_exception(at)
+    assert "spec-adaptive" in texts(at)
+    assert "qwen-coder" not in loads
