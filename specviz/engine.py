@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -17,6 +17,32 @@ from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, verify_dr
 NextOrigin = Literal["correction", "bonus", "target"]
 StopReason = Literal["eos", "max_new_tokens"]
 GAMMA_RANGE = (1, 16)
+# (p (γ+1, V), q (γ, V), draft tokens (γ,), generator) -> Verdict; the exact rule is verify_draft
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], Verdict]
+
+
+class TargetProbs(Protocol):
+    """Where a run reads the target's p from; the default is a fresh KV cache (anything with the same answers works)."""
+
+    def prefill(self, ids: Sequence[int]) -> None: ...
+
+    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
+        """p (n_last, V) after the run's sampling transform, at the last n_last positions of ids."""
+        ...
+
+
+class CachedTarget:
+    """The default TargetProbs: one request's CachedLM, its logits turned into p by logits_to_probs."""
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig) -> None:
+        self.lm = CachedLM(model)
+        self.sampling = sampling
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self.lm.prefill(ids)
+
+    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
+        return logits_to_probs(self.lm.logits(ids, n_last), self.sampling)  # (n_last, V)
 
 
 @dataclass(frozen=True)
@@ -185,15 +211,20 @@ def speculative_generate(
     config: GenerationConfig,
     eos_ids: Sequence[int] = (),
     gamma_policy: Callable[[Sequence[RoundTrace]], int] | None = None,
+    accept_rule: AcceptRule = verify_draft,
+    target_probs: TargetProbs | None = None,
 ) -> GenIter:
     """Draft γ tokens, verify them in one target pass, keep the agreed prefix plus one token.
 
     Yields a RoundTrace after every round and returns the Generation. Greedy output is
     token-identical to `autoregressive_generate`; sampled output follows the target's p.
+    `accept_rule` exists so the "Same answer" lab can swap in a deliberately lossy rule and
+    show a test catching it; `target_probs` lets it share memoised target distributions across many
+    short samples. Their defaults (the exact rule, a fresh KV cache) are what every run uses.
     """
     if gamma_policy is None and config.adaptive:
         gamma_policy = AdaptiveGamma(max_gamma=config.gamma).new_policy()
-    return _generate(target, drafter, tokenizer, prompt_ids, config, eos_ids, gamma_policy)
+    return _generate(target, drafter, tokenizer, prompt_ids, config, eos_ids, gamma_policy, accept_rule, target_probs)
 
 
 def autoregressive_generate(
@@ -202,13 +233,14 @@ def autoregressive_generate(
     prompt_ids: Sequence[int],
     config: GenerationConfig,
     eos_ids: Sequence[int] = (),
+    target_probs: TargetProbs | None = None,
 ) -> GenIter:
     """The baseline: one target pass per token, same sampling transform and seed semantics.
 
     It is the speculative loop with nothing ever drafted: each step is a RoundTrace with an
     empty draft and origin "target", and the token comes from the same rule (a bonus from p).
     """
-    return _generate(target, None, tokenizer, prompt_ids, config, eos_ids, None)
+    return _generate(target, None, tokenizer, prompt_ids, config, eos_ids, None, verify_draft, target_probs)
 
 
 def _generate(
@@ -219,6 +251,8 @@ def _generate(
     config: GenerationConfig,
     eos_ids: Sequence[int],
     gamma_policy: Callable[[Sequence[RoundTrace]], int] | None,
+    accept_rule: AcceptRule,
+    target_probs: TargetProbs | None,
 ) -> GenIter:
     """The one decoding loop behind both public generators (drafter None = target only)."""
     if not prompt_ids:
@@ -233,8 +267,8 @@ def _generate(
     stop: StopReason | None = None
 
     t0 = time.perf_counter()
-    target_lm = CachedLM(target)
-    target_lm.prefill(ids)
+    target_p = target_probs if target_probs is not None else CachedTarget(target, sampling)
+    target_p.prefill(ids)
     session = drafter.start(ids, sampling, vocab) if drafter else None
     prefill_ms, t_decode = _ms_since(t0), time.perf_counter()
 
@@ -249,8 +283,8 @@ def _generate(
         draft_ms = _ms_since(t) if k_max else 0.0
 
         t = time.perf_counter()
-        p = logits_to_probs(target_lm.logits(ids + list(draft.tokens), len(draft.tokens) + 1), sampling)  # (k+1, V)
-        verdict = verify_draft(p, draft.q.to(p.device), torch.tensor(draft.tokens, dtype=torch.long, device=p.device), gen)
+        p = target_p.probs(ids + list(draft.tokens), len(draft.tokens) + 1)  # (k+1, V)
+        verdict = accept_rule(p, draft.q.to(p.device), torch.tensor(draft.tokens, dtype=torch.long, device=p.device), gen)
         verify_ms = _ms_since(t)
 
         trace = _round_trace(len(rounds), produced, draft, p.cpu(), verdict, texts, config.trace_top_n, draft_ms, verify_ms)

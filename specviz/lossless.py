@@ -1,0 +1,558 @@
+"""Is speculative decoding lossless? Greedy token identity, and a goodness-of-fit test of sampled continuations."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from scipy.stats import chi2 as chi2_dist
+from scipy.stats import chisquare
+
+from specviz.drafters import Draft, Drafter, DraftSession, NgramDrafter, _fit_vocab
+from specviz.engine import (
+    AcceptRule, GenerationConfig, TokenTexts, autoregressive_generate, run_to_end, speculative_generate,
+)
+from specviz.kv import CachedLM
+from specviz.live import Progress
+from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
+
+RuleName = Literal["exact", "topk"]
+RULE_TITLES: dict[str, str] = {
+    "exact": "exact rule: accept with min(1, p/q), correct from the residual",
+    "topk": "wrong rule: accept whenever the target ranks the guess in its top k, correct from p",
+}
+TOKENS_RANGE = (1, 3)  # how many next tokens one sample is made of
+SAMPLES_RANGE = (100, 5000)
+MIN_EXPECTED = 5.0  # chi-square bins need this many expected draws; rarer sequences pool into "other"
+MAX_BINS = 400  # enough for 5000 draws at 5 expected each (the test stays valid, the enumeration bounded)
+MEMO_BYTES = 256 * 2**20  # per memo: ~1300 rows of SmolLM2's 49k vocabulary, ~440 of Qwen's 152k
+OTHER = "other"
+
+
+# ------------------------------------------------------------------------------------------
+# Greedy: the same tokens, one by one
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    """A speculative and a target-only greedy run of one prompt, token by token."""
+
+    spec_tokens: tuple[int, ...]
+    plain_tokens: tuple[int, ...]
+    spec_texts: tuple[str, ...]  # one decoded string per token (model text: escape before HTML)
+    plain_texts: tuple[str, ...]
+    spec_text: str  # the whole decoded continuation of each run
+    plain_text: str
+    drafter: str
+    gamma: int
+    target_calls_spec: int  # target passes of the speculative run
+    target_calls_plain: int
+    drafted: int
+    accepted: int
+    spec_ms: float  # decode wall time, this machine
+    plain_ms: float
+
+    @property
+    def identical(self) -> bool:
+        return self.spec_tokens == self.plain_tokens
+
+    @property
+    def first_divergence(self) -> int | None:
+        """0-based position of the first differing token (a length difference counts), or None."""
+        for i, (a, b) in enumerate(zip(self.spec_tokens, self.plain_tokens)):
+            if a != b:
+                return i
+        if len(self.spec_tokens) != len(self.plain_tokens):
+            return min(len(self.spec_tokens), len(self.plain_tokens))
+        return None
+
+    @property
+    def n_compared(self) -> int:
+        return max(len(self.spec_tokens), len(self.plain_tokens))
+
+    @property
+    def n_same(self) -> int:
+        """Positions where both runs have the same token."""
+        return sum(a == b for a, b in zip(self.spec_tokens, self.plain_tokens))
+
+
+def greedy_comparison(
+    target: torch.nn.Module, drafter: Drafter, tokenizer: Any, prompt_ids: Sequence[int], config: GenerationConfig,
+    eos_ids: Sequence[int] = (),
+) -> Generator[Progress, None, GreedyComparison]:
+    """Run the real engine twice (speculative, then target alone) in greedy mode; yield progress as tokens appear."""
+    if not config.sampling.greedy:
+        raise ValueError("the token-by-token comparison needs greedy decoding")
+    total = 2 * config.max_new_tokens
+    spec_steps = speculative_generate(target, drafter, tokenizer, prompt_ids, config, eos_ids)
+    spec = yield from _with_progress(spec_steps, 0, total, "speculative run")
+    plain_steps = autoregressive_generate(target, tokenizer, prompt_ids, config, eos_ids)
+    plain = yield from _with_progress(plain_steps, config.max_new_tokens, total, "target alone")
+    texts = TokenTexts(tokenizer)
+    return GreedyComparison(
+        spec_tokens=spec.tokens, plain_tokens=plain.tokens, spec_texts=texts(spec.tokens), plain_texts=texts(plain.tokens),
+        spec_text=spec.text, plain_text=plain.text,
+        drafter=spec.drafter, gamma=config.gamma, target_calls_spec=spec.target_calls,
+        target_calls_plain=plain.target_calls, drafted=spec.drafted, accepted=spec.accepted,
+        spec_ms=spec.decode_ms, plain_ms=plain.decode_ms,
+    )
+
+
+def _with_progress(steps: Any, offset: int, total: int, what: str) -> Generator[Progress, None, Any]:
+    """Drain a generation, yielding Progress after each round; returns its Generation."""
+    made = 0
+    while True:
+        try:
+            r = next(steps)
+        except StopIteration as done:
+            return done.value
+        made += len(r.new_ids)
+        yield Progress(offset + made, total, f"{what}: {made} tokens")
+
+
+# ------------------------------------------------------------------------------------------
+# Memoised distributions: a distribution is a deterministic function of its prefix
+# ------------------------------------------------------------------------------------------
+
+
+class PrefixMemo:
+    """One model's next-token distributions memoised by the whole prefix; misses go through one shared KV cache.
+
+    Thousands of short samples from one prompt ask for the same few hundred prefixes. A row is
+    what the model and the sampling transform compute anyway (memoising changes no probability,
+    only the cost); every random draw and accept decision is still made per sample. Misses reuse
+    the prompt's keys and values through a CachedLM. Least recently used rows go first past
+    `max_bytes`. It is the engine's TargetProbs for the target, and the memo of q for the draft.
+    """
+
+    def __init__(self, model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor],
+                 max_bytes: int = MEMO_BYTES) -> None:
+        self.lm = CachedLM(model)
+        self.transform = transform  # raw logits row (V,) -> the distribution the rule sees (V,)
+        self.max_bytes = max_bytes
+        self.rows: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """Nothing to do: rows are computed on first use (the engine calls this once per sample)."""
+
+    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
+        """Rows (n_last, V) for the last n_last prefixes of `ids`: transform(CachedLM.logits) of each."""
+        ids = tuple(ids)
+        keys = [ids[: len(ids) - n_last + j + 1] for j in range(n_last)]
+        found = [self.rows.get(k) for k in keys]
+        missing = [j for j, row in enumerate(found) if row is None]
+        self.hits += n_last - len(missing)
+        if missing:
+            first = missing[0]
+            fresh = self.lm.logits(ids, n_last - first)  # (n_last - first, V): one pass from the first miss on
+            self.misses += len(missing)
+            for j in range(first, n_last):
+                row = fresh[j - first]
+                found[j] = self.transform(row)
+                self._store(keys[j], found[j])
+        for k in keys:
+            if k in self.rows:
+                self.rows.move_to_end(k)
+        return torch.stack(found)  # type: ignore[arg-type]
+
+    def _store(self, key: tuple[int, ...], row: torch.Tensor) -> None:
+        if key in self.rows:
+            return
+        self.rows[key] = row
+        self.bytes += row.element_size() * row.nelement()
+        while self.bytes > self.max_bytes and len(self.rows) > 1:
+            _, old = self.rows.popitem(last=False)
+            self.bytes -= old.element_size() * old.nelement()
+
+
+def target_memo(target: torch.nn.Module, sampling: SamplingConfig, max_bytes: int = MEMO_BYTES) -> PrefixMemo:
+    """The target's p per prefix, processed exactly as the engine processes it (logits_to_probs)."""
+    return PrefixMemo(target, lambda row: logits_to_probs(row, sampling), max_bytes)
+
+
+class _MemoDraftSession:
+    def __init__(self, memo: PrefixMemo, sampling: SamplingConfig, vocab_size: int) -> None:
+        self.memo = memo
+        self.sampling = sampling
+        self.vocab_size = vocab_size
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+        """ModelDrafter's law: each guess x ~ q at its prefix, q the draft's processed distribution."""
+        seq = list(ids)
+        rows: list[torch.Tensor] = []
+        for _ in range(gamma):
+            q = self.memo.probs(seq, 1)[0]  # (V,) already processed by the memo's transform
+            x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
+            rows.append(q)
+            seq.append(x)
+        q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
+        return Draft(tuple(seq[len(ids):]), q_all)
+
+
+class MemoDrafter:
+    """The draft model as ModelDrafter uses it (no confidence cut-off), reading q from a PrefixMemo."""
+
+    name = "model"
+
+    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int,
+                 max_bytes: int = MEMO_BYTES) -> None:
+        self.sampling = sampling
+        # store q itself: the same transform ModelDrafter applies (process, then fit to the target's vocabulary)
+        self.memo = PrefixMemo(model, lambda row: _fit_vocab(logits_to_probs(row, sampling), vocab_size), max_bytes)
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
+        if sampling != replace(self.sampling, seed=sampling.seed):
+            raise ValueError("MemoDrafter was built for other sampling settings")
+        return _MemoDraftSession(self.memo, sampling, vocab_size)
+
+
+# ------------------------------------------------------------------------------------------
+# The deliberately wrong rule
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopKShortcut:
+    """A LOSSY acceptance rule for the lesson: accept x_i whenever it is in the target's top k at i.
+
+    On the first rejection the correction is drawn from p itself (no residual), and a bonus from
+    p after a fully accepted draft. Tokens the draft likes and the target ranks highly come out
+    too often; the goodness-of-fit test should catch it. Same signature as verify_draft.
+    """
+
+    k: int = 3
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator) -> Verdict:
+        gamma = draft_tokens.shape[0]
+        idx = torch.arange(gamma, device=p.device)
+        p_x = p[idx, draft_tokens]  # (γ,)
+        kth = torch.topk(p[:gamma], min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # (γ,) k-th largest p
+        accept = ((p_x >= kth) & (p_x > 0)).float()  # (γ,) 1 inside the top k, 0 outside
+        u = torch.rand(gamma, generator=generator, device=p.device)  # (γ,) drawn only to keep the trace's shape
+        rejected = (u >= accept).nonzero()
+        n = int(rejected[0]) if rejected.numel() else gamma
+        residual = p[n]  # the shortcut: just let the target pick, ignoring what the draft already took
+        origin = "correction" if n < gamma else "bonus"
+        return Verdict(n, sample_from(residual, generator), origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
+
+
+def acceptance_rule(rule: RuleName, k: int) -> AcceptRule:
+    """The engine's acceptance rule by name: the exact one, or the top-k shortcut."""
+    if rule == "exact":
+        return verify_draft
+    if rule == "topk":
+        return TopKShortcut(k)
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# Sampling: exact law, samples with and without speculation, and the test
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """What one sampling test draws; frozen, so it is part of the jobs' keys."""
+
+    sampling: SamplingConfig  # mode "sample": temperature and top-p of p and q; seed = master seed
+    n_samples: int = 1000  # N continuations drawn per method
+    n_tokens: int = 2  # each sample is the next 1..3 tokens
+
+    def __post_init__(self) -> None:
+        if self.sampling.greedy:
+            raise ValueError("the distribution test needs sampling (temperature > 0), not greedy decoding")
+        lo, hi = TOKENS_RANGE
+        if not lo <= self.n_tokens <= hi:
+            raise ValueError(f"tokens per sample must be in {lo}..{hi}, got {self.n_tokens}")
+        if self.n_samples < 1:
+            raise ValueError(f"the number of samples must be >= 1, got {self.n_samples}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How the speculative samples are made (the rule is the lesson's toggle)."""
+
+    gamma: int = 4  # draft length; a sample only ever needs min(γ, tokens) of it
+    drafter: str = "model"  # "model" or "ngram"
+    rule: RuleName = "exact"
+    top_k: int = 3  # only for the "topk" rule
+
+
+@dataclass(frozen=True)
+class ExactLaw:
+    """The target's exact probability of every continuation likely enough to be its own chi-square bin."""
+
+    sequences: tuple[tuple[int, ...], ...]  # most likely first
+    texts: tuple[tuple[str, ...], ...]  # the tokens of each sequence, decoded one by one
+    probs: tuple[float, ...]  # product of the target's processed conditionals p(t1) p(t2|t1) …
+    n_samples: int  # the N the bins were sized for (P >= MIN_EXPECTED / N)
+    forwards: int  # target passes the enumeration needed (memo misses)
+
+    @property
+    def covered(self) -> float:
+        return float(sum(self.probs))
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """N sampled continuations of one method, counted."""
+
+    method: str  # "target" or "speculative"
+    rule: str  # "exact", "topk" (or "none" for the target alone)
+    counts: tuple[tuple[tuple[int, ...], int], ...]  # (sequence, count), most frequent first
+    n: int
+    seconds: float  # wall time of the sampling, this machine
+    drafted: int  # speculative only: guesses made and accepted over all samples
+    accepted: int
+    forwards: int  # model passes actually run (memo misses), target + draft
+    lookups: int  # rows asked for in all, hits included
+
+    def count(self, seq: tuple[int, ...]) -> int:
+        return dict(self.counts).get(seq, 0)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Job one: the exact law and the target-only samples (the same for every rule and γ)."""
+
+    law: ExactLaw
+    target: SampleCounts
+
+
+@dataclass(frozen=True)
+class FitTest:
+    """Chi-square goodness of fit of one sample set against the exact law, and the total variation."""
+
+    chi2: float
+    dof: int
+    pvalue: float
+    log10_p: float  # the p-value's exponent, still finite where the p-value itself underflows to 0
+    tv: float  # ½ Σ |observed share − exact probability| over the same bins
+    n_bins: int  # bins used, "other" included
+
+
+def sample_seeds(master: int, stream: int, n: int) -> list[int]:
+    """Per-sample seeds from the master seed; stream 0 = target alone, 1 = speculative (independent draws)."""
+    gen = torch.Generator().manual_seed(master * 2 + stream)
+    return torch.randint(0, 2**31 - 1, (n,), generator=gen).tolist()
+
+
+def exact_law(memo: PrefixMemo, tokenizer: Any, prompt_ids: Sequence[int], cfg: SampleConfig,
+              ) -> Generator[Progress, None, ExactLaw]:
+    """Enumerate every continuation with N·P >= MIN_EXPECTED, expanding prefixes above that bar (P only shrinks)."""
+    threshold = MIN_EXPECTED / cfg.n_samples
+    frontier: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    misses0 = memo.misses
+    for depth in range(cfg.n_tokens):
+        grown: list[tuple[tuple[int, ...], float]] = []
+        for i, (prefix, prob) in enumerate(frontier):
+            p = memo.probs(list(prompt_ids) + list(prefix), 1)[0].double()  # (V,) the target's processed p
+            keep = (p * prob >= threshold).nonzero().flatten().tolist()
+            grown += [(prefix + (t,), prob * float(p[t])) for t in keep]
+            yield Progress(i + 1, len(frontier), f"exact probabilities, token {depth + 1}: {i + 1}/{len(frontier)} prefixes")
+        frontier = sorted(grown, key=lambda sp: -sp[1])[:MAX_BINS]
+    texts = TokenTexts(tokenizer)
+    return ExactLaw(
+        sequences=tuple(s for s, _ in frontier), texts=tuple(texts(s) for s, _ in frontier),
+        probs=tuple(pr for _, pr in frontier), n_samples=cfg.n_samples, forwards=memo.misses - misses0,
+    )
+
+
+def _counted(method: str, rule: str, seqs: list[tuple[int, ...]], seconds: float, drafted: int, accepted: int,
+             memos: Sequence[PrefixMemo]) -> SampleCounts:
+    ranked = sorted(Counter(seqs).items(), key=lambda kv: (-kv[1], kv[0]))
+    return SampleCounts(
+        method=method, rule=rule, counts=tuple(ranked), n=len(seqs), seconds=seconds, drafted=drafted,
+        accepted=accepted, forwards=sum(m.misses for m in memos), lookups=sum(m.misses + m.hits for m in memos),
+    )
+
+
+def _every(n: int) -> int:
+    return max(1, n // 100)  # about 100 progress updates per job
+
+
+def reference_job(target: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[int], cfg: SampleConfig,
+                  ) -> Generator[Progress, None, Reference]:
+    """Exact law, then N target-only samples through the real engine (autoregressive_generate)."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    memo = target_memo(target, cfg.sampling)
+    law = yield from exact_law(memo, tokenizer, prompt_ids, cfg)
+    t0, seqs = time.perf_counter(), []
+    for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 0, cfg.n_samples)):
+        gc = GenerationConfig(max_new_tokens=cfg.n_tokens, gamma=1, sampling=replace(cfg.sampling, seed=seed),
+                              trace_top_n=1, stop_at_eos=False)
+        g = run_to_end(autoregressive_generate(target, tokenizer, prompt_ids, gc, (), target_probs=memo))
+        seqs.append(g.tokens[: cfg.n_tokens])
+        if (i + 1) % _every(cfg.n_samples) == 0:
+            yield Progress(i + 1, cfg.n_samples, f"target alone: {i + 1}/{cfg.n_samples} samples")
+    return Reference(law, _counted("target", "none", seqs, time.perf_counter() - t0, 0, 0, [memo]))
+
+
+def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any, prompt_ids: Sequence[int],
+                    cfg: SampleConfig, spec: SpecConfig) -> Generator[Progress, None, SampleCounts]:
+    """N speculative samples through the real engine with the chosen rule; the first n_tokens of each are kept.
+
+    The engine never drafts past its budget (the last token is always the target's own), so a
+    one-token sample runs with a budget of two tokens and keeps the first: otherwise nothing
+    would be drafted and the rule never tested. The kept tokens' law is the target's either way.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    vocab = target.config.vocab_size
+    memo = target_memo(target, cfg.sampling)
+    drafter: Drafter
+    if spec.drafter == "model":
+        if draft is None:
+            raise ValueError("this pair has no draft model; choose the n-gram drafter")
+        drafter = MemoDrafter(draft, cfg.sampling, vocab)
+        memos = [memo, drafter.memo]
+    else:
+        drafter, memos = NgramDrafter(), [memo]
+    rule = acceptance_rule(spec.rule, spec.top_k)
+    t0, seqs, drafted, accepted = time.perf_counter(), [], 0, 0
+    for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 1, cfg.n_samples)):
+        gc = GenerationConfig(max_new_tokens=max(2, cfg.n_tokens), gamma=spec.gamma, sampling=replace(cfg.sampling, seed=seed),
+                              trace_top_n=1, stop_at_eos=False)
+        g = run_to_end(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=memo))
+        seqs.append(g.tokens[: cfg.n_tokens])
+        drafted += g.drafted
+        accepted += g.accepted
+        if (i + 1) % _every(cfg.n_samples) == 0:
+            yield Progress(i + 1, cfg.n_samples, f"with speculation: {i + 1}/{cfg.n_samples} samples")
+    return _counted("speculative", spec.rule, seqs, time.perf_counter() - t0, drafted, accepted, memos)
+
+
+def binned(law: ExactLaw, counts: SampleCounts) -> tuple[list[float], list[float]]:
+    """Observed and expected counts per bin: every sequence of the law, then "other" (merged if too small)."""
+    n = counts.n
+    observed = [float(counts.count(s)) for s in law.sequences]
+    expected = [n * pr for pr in law.probs]
+    other_obs = n - sum(observed)
+    other_exp = max(0.0, n - sum(expected))
+    if other_exp >= MIN_EXPECTED or not observed:
+        observed.append(other_obs)
+        expected.append(other_exp)
+    else:  # too rare to test alone: pool "other" into the least likely bin
+        observed[-1] += other_obs
+        expected[-1] += other_exp
+    return observed, expected
+
+
+def fit_test(law: ExactLaw, counts: SampleCounts) -> FitTest:
+    """Pearson's chi-square of the samples against the exact probabilities, plus the total-variation distance."""
+    observed, expected = binned(law, counts)
+    n = counts.n
+    tv = 0.5 * sum(abs(o - e) for o, e in zip(observed, expected)) / n
+    if len(observed) < 2:  # one bin holds everything: nothing to test, nothing can deviate
+        return FitTest(0.0, 0, 1.0, 0.0, tv, len(observed))
+    res = chisquare(observed, [e * n / sum(expected) for e in expected])  # rescaled so both sums match exactly
+    dof = len(observed) - 1
+    return FitTest(float(res.statistic), dof, float(res.pvalue), _log10_sf(float(res.statistic), dof), tv, len(observed))
+
+
+def _log10_sf(stat: float, dof: int) -> float:
+    """log10 of the chi-square tail P(X >= stat), also where the tail itself underflows to 0.
+
+    Past underflow it uses the leading term of the incomplete gamma's asymptotic series,
+    Q(a, x) ≈ x^(a−1) e^(−x) / Γ(a) with a = dof/2, x = stat/2 (accurate when x ≫ a).
+    """
+    log_sf = float(chi2_dist.logsf(stat, dof))
+    if math.isfinite(log_sf):
+        return log_sf / math.log(10)
+    a, x = dof / 2, stat / 2
+    return ((a - 1) * math.log(x) - x - math.lgamma(a)) / math.log(10)
+
+
+@dataclass(frozen=True)
+class HistogramRow:
+    """One bar group of the figure: a continuation, its exact probability and both observed shares."""
+
+    tokens: tuple[str, ...]  # decoded one by one; empty for the "other" row
+    exact: float
+    target_share: float
+    spec_share: float
+
+    @property
+    def other(self) -> bool:
+        return not self.tokens
+
+
+def histogram_rows(law: ExactLaw, target: SampleCounts, spec: SampleCounts, top: int = 12) -> tuple[HistogramRow, ...]:
+    """The `top` likeliest continuations, then everything else pooled as one "other" row."""
+    rows = [HistogramRow(t, pr, target.count(s) / target.n, spec.count(s) / spec.n)
+            for s, t, pr in list(zip(law.sequences, law.texts, law.probs))[:top]]
+    rest = (1.0 - sum(r.exact for r in rows), 1.0 - sum(r.target_share for r in rows), 1.0 - sum(r.spec_share for r in rows))
+    if max(rest) > 1e-9:
+        rows.append(HistogramRow((), max(0.0, rest[0]), max(0.0, rest[1]), max(0.0, rest[2])))
+    return tuple(rows)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: the page's measurement on a real pair, printed (python -m specviz.lossless)
+# ------------------------------------------------------------------------------------------
+
+
+def _drain(steps: Generator[Any, None, Any]) -> Any:
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print greedy identity and the sampling test (exact rule and top-k shortcut) for one pair and prompt."""
+    import argparse
+
+    from specviz.drafters import make_drafter
+    from specviz.models import load_pair
+    from specviz.presets import get_preset
+
+    ap = argparse.ArgumentParser(prog="python -m specviz.lossless", description=main.__doc__)
+    ap.add_argument("--pair", default="smollm2-135m")
+    ap.add_argument("--preset", default="story")
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--tokens", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--greedy-tokens", type=int, default=64)
+    a = ap.parse_args(argv)
+    pair = load_pair(a.pair)
+    prompt = get_preset(a.preset).prompt  # type: ignore[union-attr]
+    ids = list(pair.tokenizer(prompt)["input_ids"])
+    gcfg = GenerationConfig(max_new_tokens=a.greedy_tokens, gamma=a.gamma, sampling=SamplingConfig("greedy"))
+    t0 = time.perf_counter()
+    cmp = _drain(greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg, pair.eos_ids))
+    print(f"pair {a.pair}, preset {a.preset!r}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, identical={cmp.identical}, "
+          f"first divergence={cmp.first_divergence} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    cfg = SampleConfig(SamplingConfig("sample", a.temperature, top_p=a.top_p, seed=a.seed), a.samples, a.tokens)
+    t0 = time.perf_counter()
+    ref = _drain(reference_job(pair.target, pair.tokenizer, ids, cfg))
+    fit = fit_test(ref.law, ref.target)
+    print(f"N={a.samples}, {a.tokens} tokens, T={a.temperature}, top-p={a.top_p}, seed={a.seed}: exact law {len(ref.law.sequences)} "
+          f"bins covering {ref.law.covered:.3f}; target alone {time.perf_counter() - t0:.1f} s: chi2={fit.chi2:.1f} "
+          f"dof={fit.dof} p={fit.pvalue:.3g} TV={fit.tv:.4f}", flush=True)
+    for rule in ("exact", "topk"):
+        t0 = time.perf_counter()
+        counts = _drain(speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, SpecConfig(a.gamma, "model", rule, a.k)))
+        fit = fit_test(ref.law, counts)
+        name = "exact rule" if rule == "exact" else f"top-{a.k} shortcut"
+        print(f"speculative, {name}: {time.perf_counter() - t0:.1f} s, accepted {counts.accepted}/{counts.drafted}: "
+              f"chi2={fit.chi2:.1f} dof={fit.dof} p={fit.pvalue:.3g} (log10 p = {fit.log10_p:.1f}) TV={fit.tv:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

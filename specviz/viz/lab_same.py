@@ -1,0 +1,81 @@
+"""Figures and tables of the "Same answer" lab: greedy token table and the sampled-continuation histogram."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from specviz.lossless import GreedyComparison, HistogramRow
+from specviz.viz.figures import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label
+from specviz.viz.strip import VISIBLE, esc
+
+Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words
+DEFAULT_NAMES: dict[str, str] = {
+    "exact": "target's exact probability", "target": "target alone (sampled)", "spec": "speculative (sampled)",
+    "other": "everything else", "x": "continuation (tokens separated by ·, ␣ = space)",
+    "y": "share of samples (probability)",
+}
+
+
+def printable(text: str) -> str:
+    """Newlines and tabs as arrows, other control characters as \\xNN (byte-level models emit them)."""
+    return "".join(VISIBLE.get(ch, ch if ch.isprintable() or ch == " " else f"\\x{ord(ch):02x}") for ch in text)
+
+
+def visible(text: str) -> str:
+    """A token for a table cell: whitespace made visible (st.dataframe escapes the rest)."""
+    return printable(text).replace(" ", "␣") or "∅"
+
+
+def greedy_table(cmp: GreedyComparison, names: Names) -> pd.DataFrame:
+    """One row per position: the target-only token, the speculative token, and whether they match."""
+    n = cmp.n_compared
+    cell = lambda texts, i: visible(texts[i]) if i < len(texts) else "—"  # noqa: E731 - (missing: one run stopped)
+    same = [i < len(cmp.spec_tokens) and i < len(cmp.plain_tokens) and cmp.spec_tokens[i] == cmp.plain_tokens[i]
+            for i in range(n)]
+    return pd.DataFrame({
+        "#": list(range(1, n + 1)),
+        names.get("target", "target alone"): [cell(cmp.plain_texts, i) for i in range(n)],
+        names.get("spec", "speculative"): [cell(cmp.spec_texts, i) for i in range(n)],
+        names.get("same", "same?"): ["✓" if ok else "✗ differs" for ok in same],
+    })
+
+
+def row_label(row: HistogramRow, names: Names) -> str:
+    """A continuation as a chart tick (escaped: plotly reads a few HTML tags)."""
+    if row.other:
+        return chart_label(names.get("other", "everything else"))
+    return "·".join(chart_label(printable(t)) for t in row.tokens)
+
+
+def _unique(labels: Sequence[str]) -> list[str]:
+    """Two token sequences can read the same (e.g. undecodable bytes): number the repeats."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
+def histogram_figure(rows: Sequence[HistogramRow], names: Names, font_size: int = 13,
+                     title: str = "") -> go.Figure:
+    """Grouped bars per continuation: the target's exact probability, then both sampled shares."""
+    xs = list(range(len(rows)))
+    fig = go.Figure()
+    series = (
+        (names.get("exact", DEFAULT_NAMES["exact"]), [r.exact for r in rows], P_COLOUR, ""),
+        (names.get("target", DEFAULT_NAMES["target"]), [r.target_share for r in rows], PLAIN_COLOUR, "/"),
+        (names.get("spec", DEFAULT_NAMES["spec"]), [r.spec_share for r in rows], ACC_COLOUR, "."),
+    )
+    for name, ys, colour, pattern in series:
+        fig.add_bar(x=xs, y=ys, name=esc(name), marker_color=colour,
+                    marker_pattern_shape=pattern, hovertemplate="%{y:.3f}<extra></extra>")
+    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=_unique([row_label(r, names) for r in rows]),
+                     title=names.get("x", DEFAULT_NAMES["x"]), tickangle=-35)
+    fig.update_yaxes(title=names.get("y", DEFAULT_NAMES["y"]), rangemode="tozero", tickformat=".0%")
+    kw = dict(title=dict(text=title, x=0, font=dict(size=font_size + 1))) if title else {}
+    fig = _layout(fig, 420, font_size, barmode="group", **kw)
+    return fig.update_layout(margin=dict(t=70 if title else 40, b=10))
