@@ -7,8 +7,8 @@ from specviz import ui
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
                    initial_sidebar_state="expanded")
 
-# Each url_path equals its file's stem: on a fresh server's very first request Streamlit still resolves
-# a deep link (say /why_cheap) against the pages/ folder, and any other path shows "Page not found".
+# Each URL path is its file's stem, so a deep link on a fresh server (which still reads pages/ the
+# old way until st.navigation has run once) finds its page; ui.run_page then draws this shell around it.
 PAGES = [
     st.Page("pages/watch.py", title="Watch it work", icon=":material/play_circle:", default=True, url_path="watch"),
     st.Page("pages/same_answer.py", title="Same answer", icon=":material/rule:", url_path="same_answer"),
@@ -20,4 +20,5 @@ PAGES = [
 page = st.navigation(PAGES, position="sidebar")
 settings = ui.sidebar_settings()
 ui.inject_css(settings.presenter)
-page.run()
+with ui.shell():
+    page.run()

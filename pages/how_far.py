@@ -295,4 +295,4 @@ def main() -> None:
     _lessons(s)
 
 
-main()
+ui.run_page(main)

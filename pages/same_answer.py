@@ -374,4 +374,4 @@ def main() -> None:
     _lessons(s)
 
 
-main()
+ui.run_page(main)

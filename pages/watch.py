@@ -594,4 +594,4 @@ def main() -> None:
     _lessons(ref, s)
 
 
-main()
+ui.run_page(main)

@@ -223,4 +223,4 @@ def main() -> None:
         ui.lesson_md("d5", "where_caveats")
 
 
-main()
+ui.run_page(main)

@@ -322,4 +322,4 @@ def main() -> None:
     _hardware_section(s, reference)
 
 
-main()
+ui.run_page(main)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import runpy
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from specviz.settings import (
 
 log = logging.getLogger("specviz.app")
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+APP_SCRIPT = Path(__file__).resolve().parent.parent / "app.py"
 TEST_PAIR = "tiny-random"
 K = "cfg."  # session_state prefix of the sidebar's widgets
 DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)"}
@@ -73,6 +77,36 @@ def runner() -> Runner:
     """
     sys.setswitchinterval(0.001)
     return Runner(user_error)
+
+
+# ------------------------------------------------------------------------------------------
+# The shell (app.py) around every page
+# ------------------------------------------------------------------------------------------
+
+_shell = threading.local()  # each session's script run has its own thread
+
+
+@contextmanager
+def shell() -> Iterator[None]:
+    """Marks app.py's run of the chosen page (pages check it with run_page)."""
+    _shell.active = True
+    try:
+        yield
+    finally:
+        _shell.active = False
+
+
+def run_page(main: Callable[[], None]) -> None:
+    """Run a page's main() inside the app's shell.
+
+    Until st.navigation has run once, a fresh server treats pages/ as an old-style page folder and
+    answers a deep link such as /why_cheap by running that file alone: no sidebar, no menu. Then
+    the page runs app.py instead, which draws the shell and routes back to this page.
+    """
+    if getattr(_shell, "active", False):
+        main()
+    else:
+        runpy.run_path(str(APP_SCRIPT), run_name="__main__")
 
 
 # ------------------------------------------------------------------------------------------

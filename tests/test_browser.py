@@ -173,24 +173,33 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
             browser.close()
 
 
-LAB_PAGES = ("why_cheap", "same_answer", "how_far", "where_it_helps")  # a deep link first: see app.py
+# (path, the button a pupil presses, what must appear after it); why_cheap first, as a deep link
+# on a fresh server (see app.py and ui.run_page)
+LAB_PAGES = (
+    ("why_cheap", "Measure pass times", '[data-testid="stPlotlyChart"]'),  # no chart before a measurement
+    ("same_answer", "Run both and compare", r"text=/Identical: \d+ of \d+ tokens/"),
+    ("how_far", "Measure", r"text=/Target alone: \d+ ms per token/"),
+    ("where_it_helps", "Run the workloads", "text=/workloads averaged/"),
+)
 
 
-def test_every_lab_page_opens_in_chromium(server):
-    """Each lab page loads on the tiny pair with a heading, no exception, and its sidebar."""
+def test_every_lab_page_runs_in_chromium(server):
+    """Each lab page opens with the shared sidebar, runs its measurement on the tiny pair, and draws it."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1800})
-            page.set_default_timeout(120_000)
-            expect.set_options(timeout=120_000)
-            for path in LAB_PAGES:
-                page.goto(f"{server}/{path}?pair=tiny-random&level=d2")
+            page.set_default_timeout(180_000)
+            expect.set_options(timeout=180_000)
+            for path, button, result in LAB_PAGES:
+                page.goto(f"{server}/{path}?pair=tiny-random&level=d2&max_new=24")
                 expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible()
                 expect(page.get_by_text("Explanation level")).to_be_visible()
-                page.wait_for_timeout(1500)
+                page.get_by_role("button", name=re.compile("^" + re.escape(button))).first.click()
+                expect(page.locator(result).first).to_be_visible()
+                page.wait_for_timeout(1000)
                 _no_exception(page)
                 _shot(page, f"lab-{path}.png")
         finally:
