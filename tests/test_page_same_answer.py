@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -37,12 +36,8 @@ def wait_for(at, done, timeout: float = 120.0):
 
 
 def set_level(at, level: str):
-    """Change the explanation level the way the sidebar does, by the Settings record pages read.
-
-    After switch_page, AppTest (streamlit 1.67) reruns only the page script, so the sidebar's
-    widgets are not in its tree; ui.settings() returns the record the sidebar stored last.
-    """
-    at.session_state["cfg.settings"] = replace(at.session_state["cfg.settings"], level=level)
+    """Change the explanation level through the sidebar widget's state (read on the next run)."""
+    at.session_state["cfg.level"] = level
     at.run()
     no_exception(at)
     return at

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -23,12 +22,9 @@ def open_page(**query: str):
 
 
 def set_settings(at, **changes):
-    """Change sidebar settings the way the sidebar does, through the Settings record pages read.
-
-    After switch_page, AppTest (streamlit 1.67) reruns only the page script, so the sidebar's
-    widgets are not in its tree; ui.settings() returns the record the sidebar stored last.
-    """
-    at.session_state["cfg.settings"] = replace(at.session_state["cfg.settings"], **changes)
+    """Change sidebar settings through their widgets' state (the sidebar reads them on the next run)."""
+    for name, value in changes.items():
+        at.session_state[f"cfg.{name}"] = value
     at.run()
     no_exception(at)
     return at
