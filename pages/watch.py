@@ -211,9 +211,9 @@ def _handle_play(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
     try:
         new = ui.start_runs(pair, prompt, ids, s)
     except RunnerBusy as exc:
-        st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
+        ss[P + "busy"] = str(exc)  # shown after the rerun that puts the Play button back
         ss[P + "playing"] = False
-        return
+        st.rerun()
     if old is None or old.spec_key != new.spec_key:
         if old is not None:
             ui.cancel_runs(old, new)
@@ -551,6 +551,8 @@ def main() -> None:
     if s.level == "d1":
         _d1_question(bool(spec and spec.finished))
     _controls(has_run=bool(spec and spec.rounds))
+    if busy := ss.pop(P + "busy", None):
+        st.warning(f"The server is busy: {busy}.", icon=":material/hourglass_top:")
 
     pair = _load_pair(s)
     if pair is None:

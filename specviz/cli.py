@@ -418,7 +418,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         lat = report["latency_s"]
         print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} in {report['wall_s']} s")
         print("latency (Play -> both runs done): " + ", ".join(f"{k} {v} s" for k, v in lat.items()))  # type: ignore[union-attr]
-        print(f"longest queue shown to a pupil: {report['max_queue_ahead_shown']} ahead")
+        print(f"longest queue shown to a pupil: {report['max_queue_ahead_shown']} ahead; "
+              f"'server busy' refusals (then reloaded): {report['refused_then_retried']}")
         rss = report["server_rss_mb"]
         print(f"server memory: {rss['start']} MB at start, {rss['peak']} MB peak")  # type: ignore[index]
         for line in report["failures"]:  # type: ignore[union-attr]

@@ -179,11 +179,12 @@ class Runner:
 
     Jobs are keyed: submitting a key that is queued, running or done returns the same job,
     so a view change or a second viewer never re-runs a model. At most `max_queued` jobs wait
-    (more raise RunnerBusy, so thirty pupils cannot pile up an hour of work) and at most
+    (more raise RunnerBusy, so a crowd cannot pile up hours of work) and at most
     `max_jobs` are kept, finished ones evicted oldest first.
     """
 
-    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 64, max_queued: int = 32) -> None:
+    # A class of 30 pressing Play at once queues 60 jobs (each run brings its target-only baseline).
+    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 160, max_queued: int = 72) -> None:
         self._user_error = user_error
         self._max_jobs = max_jobs
         self._max_queued = max_queued

@@ -56,6 +56,7 @@ class SessionResult:
     max_ahead: int  # the largest "N ahead of you" the page showed this session
     tokens: tuple[int, ...] = ()
     error: str | None = None
+    refused: int = 0  # times the page said the queue was full (the session then reloaded)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class LoadReport:
             "sessions": self.config.sessions, "pair": self.config.pair, "max_new_tokens": self.config.max_new_tokens,
             "passed": self.passed, "wall_s": round(self.wall_s, 2), "latency_s": {k: round(v, 2) for k, v in self.percentiles().items()},
             "max_queue_ahead_shown": max((r.max_ahead for r in self.results), default=0),
+            "refused_then_retried": sum(r.refused for r in self.results),
             "server_rss_mb": {"start": round(self.server_start_rss_mb), "peak": round(self.server_peak_rss_mb)},
             "failures": [f"session {r.index}: {r.error}" for r in self.results if not r.ok],
         }
@@ -172,6 +174,7 @@ class _Seen:
 
     json_url: str | None = None
     both_done: bool = False
+    busy: bool = False
     max_ahead: int = 0
     page_hash: str = ""
     fragments: dict[str, float] = field(default_factory=dict)  # fragment id -> auto-rerun interval
@@ -248,23 +251,26 @@ def _read(msg: object, seen: _Seen) -> None:
             seen.json_url = el.download_button.url
         elif which == "alert":
             seen.max_ahead = max(seen.max_ahead, _ahead_in(el.alert.body))
+            seen.busy = seen.busy or BUSY_TEXT in el.alert.body
         elif which == "exception":
             seen.exception = f"{el.exception.type}: {el.exception.message}"
 
 
-async def _run_session(base: str, index: int, cfg: LoadConfig,
-                       reference: Callable[[str], tuple[int, ...]] | None) -> SessionResult:
+BUSY_TEXT = "The server is busy"  # the page's words when the run queue is full (live.RunnerBusy)
+RETRY_AFTER_S = 2.0  # a refused pupil reloads the page after a moment
+
+
+class _Busy(Exception):
+    """The page said the queue was full."""
+
+
+async def _visit(ws_url: str, query: str, seen: _Seen, end: float) -> None:
+    """One page load: open the link (it starts the run by itself), poll like a browser until the trace is ready."""
     import websockets
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-    prompt = session_prompt(index)
-    query = urllib.parse.urlencode({"pair": cfg.pair, "prompt": prompt, "max_new": cfg.max_new_tokens,
-                                    "gamma": cfg.gamma, "mode": "greedy", "speed": "fastest", "autoplay": 1})
-    seen = _Seen()
-    ws_url = base.replace("http://", "ws://") + "/_stcore/stream"
-
-    def rerun(ws: object, *, fragment: str | None = None) -> bytes:
+    def rerun(fragment: str | None = None) -> bytes:
         back = BackMsg()
         cs = back.rerun_script
         cs.query_string = query
@@ -274,33 +280,55 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
             cs.fragment_id, cs.is_auto_rerun = fragment, True
         return back.SerializeToString()
 
-    t_play: float | None = None
-    try:
-        async with websockets.connect(ws_url, max_size=None, open_timeout=60) as ws:
-            async def reader() -> None:
-                async for raw in ws:
-                    msg = ForwardMsg()
-                    msg.ParseFromString(raw)
-                    _read(msg, seen)
+    async with websockets.connect(ws_url, max_size=None, open_timeout=60) as ws:
+        async def reader() -> None:
+            async for raw in ws:
+                msg = ForwardMsg()
+                msg.ParseFromString(raw)
+                _read(msg, seen)
 
-            async def poller() -> None:  # the browser's side of st.fragment(run_every=…)
-                while True:
-                    await asyncio.sleep(min(seen.fragments.values(), default=0.5))
-                    for fid in list(seen.fragments):
-                        await ws.send(rerun(ws, fragment=fid))
+        async def poller() -> None:  # the browser's side of st.fragment(run_every=…)
+            while True:
+                await asyncio.sleep(min(seen.fragments.values(), default=0.5))
+                for fid in list(seen.fragments):
+                    await ws.send(rerun(fid))
 
-            # The link starts the run by itself (autoplay=1), as a teacher's shared link would: the
-            # client then only does what a browser does while it waits (fragment auto-reruns).
-            read_task = asyncio.create_task(reader())
-            t_play = time.time()
-            await ws.send(rerun(ws))
-            end = time.time() + cfg.timeout_s
-            poll_task = asyncio.create_task(poller())
+        read_task = asyncio.create_task(reader())
+        await ws.send(rerun())
+        poll_task = asyncio.create_task(poller())
+        try:
             while seen.json_url is None:
+                if seen.busy:
+                    raise _Busy()
                 await _tick(end, seen, read_task)
-            latency = time.time() - t_play
+        finally:
             poll_task.cancel()
             read_task.cancel()
+
+
+async def _run_session(base: str, index: int, cfg: LoadConfig,
+                       reference: Callable[[str], tuple[int, ...]] | None) -> SessionResult:
+    prompt = session_prompt(index)
+    # autoplay=1: the link starts the run by itself, as a teacher's shared link would; the client
+    # then only does what a browser does while it waits (fragment auto-reruns)
+    query = urllib.parse.urlencode({"pair": cfg.pair, "prompt": prompt, "max_new": cfg.max_new_tokens,
+                                    "gamma": cfg.gamma, "mode": "greedy", "speed": "fastest", "autoplay": 1})
+    ws_url = base.replace("http://", "ws://") + "/_stcore/stream"
+    t_play, end = time.time(), time.time() + cfg.timeout_s
+    refused, max_ahead = 0, 0
+    try:
+        while True:
+            seen = _Seen()
+            try:
+                await _visit(ws_url, query, seen, end)
+                break
+            except _Busy:
+                refused += 1  # told the queue is full: reload after a moment, like a pupil would
+                await asyncio.sleep(RETRY_AFTER_S)
+            finally:
+                max_ahead = max(max_ahead, seen.max_ahead)
+        latency = time.time() - t_play
+        assert seen.json_url is not None
         doc = await asyncio.to_thread(_fetch_json, base + seen.json_url)
         tokens = tuple(doc["speculative"]["tokens"])
         base_tokens = tuple(doc.get("baseline", {}).get("tokens", ()))
@@ -312,9 +340,10 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
             problems.append("speculative tokens differ from the single-session reference")
         if reference and base_tokens != want:
             problems.append("baseline tokens differ from the single-session reference")
-        return SessionResult(index, prompt, not problems, latency, seen.max_ahead, tokens, "; ".join(problems) or None)
+        return SessionResult(index, prompt, not problems, latency, max_ahead, tokens, "; ".join(problems) or None,
+                             refused)
     except Exception as exc:  # noqa: BLE001 - a failed session is a result, not a crash of the test
-        return SessionResult(index, prompt, False, None, seen.max_ahead, (), f"{type(exc).__name__}: {exc}")
+        return SessionResult(index, prompt, False, None, max_ahead, (), f"{type(exc).__name__}: {exc}", refused)
 
 
 async def _tick(end: float, seen: _Seen, read_task: asyncio.Task[None]) -> None:

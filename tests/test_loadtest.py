@@ -41,3 +41,21 @@ def test_cli_refuses_bad_loadtest_arguments(capsys):
     assert "--sessions must be 1..200" in capsys.readouterr().err
     assert main(["loadtest", "--pair", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
+    from specviz import ui
+    from specviz.live import RunnerBusy
+    from tests.test_app_watch import make_app, no_exception, texts
+
+    at = make_app(prompt="a prompt nobody else runs in these tests")
+    at.run()
+
+    def full(*args, **kwargs):
+        raise RunnerBusy("72 runs are already waiting for the model; please try again in a minute")
+
+    monkeypatch.setattr(ui.runner(), "submit", full)
+    at.button(key="watch.play").click().run()
+    no_exception(at)
+    assert loadtest.BUSY_TEXT in texts(at) and "try again in a minute" in texts(at)
+    assert at.button(key="watch.play").label == "Play"  # not stuck "playing" a run that does not exist
