@@ -9,9 +9,7 @@ import streamlit as st
 
 from specviz import gamma_lab, ui
 from specviz.gamma_lab import Sweep, SweepConfig
-from specviz.live import Job
-from specviz.models import PairError
-from specviz.presets import DEFAULT_PRESET, GROUP_TITLES, get_preset, presets_in
+from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.settings import Settings, prompt_problem
 from specviz.viz import lab_gamma, strip
 
@@ -57,13 +55,7 @@ def _header(s: Settings) -> None:
 
 
 def _prompt_box() -> str:
-    cols = st.columns(2, gap="medium")
-    for col, group in zip(cols, ("predictable", "creative")):
-        with col:
-            st.markdown(f"**{GROUP_TITLES[group]}**")
-            with st.container(horizontal=True, gap="small"):
-                for p in presets_in(group):
-                    st.button(p.title, key=f"{P}preset.{p.id}", on_click=_use_preset, args=(p.id,), help=p.why)
+    ui.preset_buttons(P, _use_preset)
     return st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
                         max_chars=MAX_PROMPT_CHARS, persist_state="session")
 
@@ -82,15 +74,6 @@ def _plan(cfg: SweepConfig, s: Settings) -> None:
                f"({cfg.runs} runs of up to {cfg.max_new_tokens} tokens), drafter: {who}, {mode}. "
                "Sidebar settings apply, except γ (chosen here)"
                + (" and adaptive γ (off here: this lab measures fixed γ)." if s.adaptive else "."))
-
-
-def _load_pair(s: Settings) -> Any:
-    try:
-        return ui.get_pair(s.pair)
-    except PairError as exc:
-        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
-        st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
-        return None
 
 
 def _job_key(cfg: SweepConfig) -> tuple[Any, ...]:
@@ -112,17 +95,6 @@ def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
 # ------------------------------------------------------------------------------------------
 # Results
 # ------------------------------------------------------------------------------------------
-
-
-def _poll(key: tuple[Any, ...]) -> None:
-    """Progress of the running sweep; a full rerun once it finishes."""
-    job: Job | None = ui.job(key)
-    if job is None:
-        return
-    view = job.view()
-    if view.finished:
-        st.rerun(scope="app")
-    ui.show_job_status(job, view, "Measuring γ")
 
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
@@ -249,7 +221,7 @@ def main() -> None:
     st.button("Measure", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     requested = ss.pop(P + "run_request", False)
 
-    pair = _load_pair(s)
+    pair = ui.pair_or_message(s.pair)
     if pair is None:
         return
     ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []
@@ -276,7 +248,7 @@ def main() -> None:
                 "until then the previous measurement stays on screen.", icon=":material/sync:")
     view = job.view() if job is not None else None
     if view is not None and not view.finished:
-        st.fragment(run_every=1.0)(_poll)(key)
+        ui.poll_jobs([key], ["Measuring γ"])
     elif view is not None and view.state != "done":
         ui.show_job_status(job, view, "Measuring γ")
     sweep: Sweep | None = view.result if view is not None and view.state == "done" else None

@@ -10,8 +10,7 @@ from specviz import lossless, ui
 from specviz.drafters import make_drafter
 from specviz.engine import GenerationConfig
 from specviz.lossless import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
-from specviz.models import PairError
-from specviz.presets import GROUP_TITLES, get_preset, presets_in
+from specviz.presets import get_preset
 from specviz.sampling import SamplingConfig
 from specviz.settings import Settings, prompt_problem
 from specviz.viz import lab_same
@@ -64,22 +63,9 @@ def _use_preset(preset_id: str) -> None:
 
 
 def _prompt_box() -> str:
-    with st.container(horizontal=True, gap="small"):
-        for group in ("creative", "predictable"):
-            for p in presets_in(group):
-                st.button(p.title, key=f"{P}preset.{p.id}", on_click=_use_preset, args=(p.id,),
-                          help=f"{GROUP_TITLES[group]}: {p.why}")
+    ui.preset_buttons(P, _use_preset)
     return st.text_area("Prompt (both parts continue this text)", key=P + "prompt", height=90,
                         max_chars=MAX_PROMPT_CHARS)
-
-
-def _load_pair(s: Settings) -> Any:
-    try:
-        return ui.get_pair(s.pair)
-    except PairError as exc:
-        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
-        st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
-        return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,21 +75,6 @@ def _load_pair(s: Settings) -> Any:
 
 def _request(flag: str) -> None:
     ss[P + flag] = True
-
-
-def _poll(keys: tuple[tuple[Any, ...], ...], what: tuple[str, ...]) -> None:
-    """Redraw the jobs' status every POLL seconds; rerun the whole page once they are all finished."""
-
-    @st.fragment(run_every=POLL)
-    def status() -> None:
-        jobs = [ui.job(k) for k in keys]
-        if all(j is None or j.view().finished for j in jobs):
-            st.rerun(scope="app")
-        for j, name in zip(jobs, what):
-            if j is not None and not j.view().finished:
-                ui.show_job_status(j, j.view(), name)
-
-    status()
 
 
 def _views(keys: tuple[tuple[Any, ...], ...]) -> list[Any] | None:
@@ -162,7 +133,7 @@ def _greedy_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> None
         return
     view = views[0]
     if not view.finished:
-        _poll(keys, ("Greedy runs",))
+        ui.poll_jobs(keys, ("Greedy runs",), every=POLL)
         return
     if view.state != "done":
         ui.show_job_status(ui.job(keys[0]), view, "Greedy runs")
@@ -278,7 +249,7 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
         st.warning("This result is no longer in memory. Press the button to draw the samples again.")
         return
     if not all(v.finished for v in views):
-        _poll(keys, ("Exact probabilities and target-only samples", "Speculative samples"))
+        ui.poll_jobs(keys, ("Exact probabilities and target-only samples", "Speculative samples"), every=POLL)
         return
     for v, key, what in zip(views, keys, ("Target-only samples", "Speculative samples")):
         if v.state != "done":
@@ -362,7 +333,7 @@ def main() -> None:
     st.title("Same answer" if s.level != "d1" else "Does the helper change the answer?")
     ui.lesson_md(s.level, "same_intro")
     prompt = _prompt_box()
-    pair = _load_pair(s)
+    pair = ui.pair_or_message(s.pair)
     if pair is None:
         return
     ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []

@@ -13,8 +13,7 @@ from specviz.engine import RoundTrace
 from specviz.lessons import labels, lesson
 from specviz.live import JobView, RunnerBusy
 from specviz.metrics import summarize
-from specviz.models import PairError
-from specviz.presets import DEFAULT_PRESET, GROUP_TITLES, PRESETS, get_preset, presets_in
+from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
 from specviz.settings import Settings, clean_prompt, prompt_problem
 from specviz.viz import export, figures, playback as pb, strip
 
@@ -132,14 +131,8 @@ def _header(s: Settings) -> None:
 
 
 def _prompt_box() -> str:
-    cols = st.columns(2, gap="medium")
-    hints = {"predictable": " — the helper should guess well", "creative": " — many good next words"}
-    for col, group in zip(cols, ("predictable", "creative")):
-        with col:
-            st.markdown(f"**{GROUP_TITLES[group]}**{hints[group]}")
-            with st.container(horizontal=True, gap="small"):
-                for p in presets_in(group):
-                    st.button(p.title, key=f"{P}preset.{p.id}", on_click=_use_preset, args=(p.id,), help=p.why)
+    ui.preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
+                                       "creative": " — many good next words"})
     prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=110,
                           max_chars=MAX_PROMPT_CHARS, persist_state="session")
     preset = next((p.id for p in PRESETS if p.prompt == prompt), None)
@@ -187,16 +180,6 @@ def _controls(has_run: bool) -> None:
                   shortcut="Home", help="Replay the recorded rounds from the start (Home). Replays never call a model.")
         st.select_slider("Animation speed", options=list(SPEEDS), key=P + "speed", width=260, persist_state="session")
     st.caption("Keyboard: **K** play/pause · **J** step back · **L** step one round · **Home** replay")
-
-
-def _load_pair(s: Settings) -> Any:
-    try:
-        return ui.get_pair(s.pair)
-    except PairError as exc:
-        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
-        st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
-        st.caption("Or choose another model pair in the sidebar.")
-        return None
 
 
 def _handle_play(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
@@ -554,7 +537,7 @@ def main() -> None:
     if busy := ss.pop(P + "busy", None):
         st.warning(f"The server is busy: {busy}.", icon=":material/hourglass_top:")
 
-    pair = _load_pair(s)
+    pair = ui.pair_or_message(s.pair)
     if pair is None:
         if ss.pop(P + "play_request", False):
             ss[P + "playing"] = False

@@ -9,8 +9,6 @@ import pandas as pd
 import streamlit as st
 
 from specviz import ui, workloads
-from specviz.live import Job
-from specviz.models import PairError
 from specviz.presets import GROUP_TITLES
 from specviz.settings import Settings
 from specviz.viz import lab_workloads, strip
@@ -56,16 +54,6 @@ def _run_config(s: Settings) -> WorkloadsConfig:
     return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
 
 
-def _poll(key: tuple[Any, ...]) -> None:
-    job: Job | None = ui.job(key)
-    if job is None:
-        return
-    view = job.view()
-    if view.finished:
-        st.rerun(scope="app")
-    ui.show_job_status(job, view, "Running the workloads")
-
-
 def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
     cfg = _run_config(s)
@@ -75,11 +63,8 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     key = _job_key(cfg)
     if requested:
-        try:
-            pair = ui.get_pair(s.pair)
-        except PairError as exc:
-            st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
-            st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,))
+        pair = ui.pair_or_message(s.pair)
+        if pair is None:
             return None
         old = ss.get(P + "key")
         if ui.submit_job(key, lambda: workloads.workload_steps(pair, cfg)) is not None:
@@ -101,7 +86,7 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
                 "until then the previous measurement stays on screen.", icon=":material/sync:")
     view = job.view()
     if not view.finished:
-        st.fragment(run_every=1.0)(_poll)(shown)
+        ui.poll_jobs([shown], ["Running the workloads"])
         return None
     if view.state != "done":
         ui.show_job_status(job, view, "Running the workloads")

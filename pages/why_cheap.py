@@ -11,7 +11,6 @@ import streamlit as st
 
 from specviz import ui
 from specviz.live import Job, JobSteps
-from specviz.models import PairError
 from specviz.settings import Settings
 from specviz.verify_cost import (
     GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchConfig, BatchEffect, PassCost, PassCostConfig, Reference,
@@ -41,39 +40,17 @@ def batch_key(pair: str, s: Settings, repeats: int) -> tuple[Any, ...]:
     return ("why_cheap.batch", pair, BatchConfig(gamma=s.gamma, sampling=s.sampling, repeats=repeats))
 
 
-def _load_pair(s: Settings) -> Any:
-    try:
-        return ui.get_pair(s.pair)
-    except PairError as exc:
-        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
-        st.button("Try loading it again", on_click=ui.retry_pair, args=(s.pair,), key=P + "retry")
-        return None
-
-
 def _shown_job(slot: str, key: tuple[Any, ...], pressed: bool, s: Settings,
                make: Callable[[Any], JobSteps]) -> tuple[Job | None, tuple[Any, ...] | None]:
     """The job this section shows: submitted on a press, else the last one asked for, else one on record for `key`."""
     if pressed:
-        pair = _load_pair(s)
+        pair = ui.pair_or_message(s.pair, key=P + "retry")
         if pair is not None and (j := ui.submit_job(key, lambda: make(pair))) is not None:
             ss[P + slot] = key
     shown = ss.get(P + slot)
     if shown != key and (j := ui.job(key)) is not None and j.view().state == "done":
         shown = ss[P + slot] = key  # measured already (by anyone) with these settings: show it, run nothing
     return (ui.job(shown) if shown is not None else None), shown
-
-
-def _poll(key: tuple[Any, ...], what: str) -> None:
-    """Redraw the job's progress every second; rerun the whole page once it has finished."""
-
-    @st.fragment(run_every=1.0)
-    def tick() -> None:
-        j = ui.job(key)
-        if j is None or j.view().finished:
-            st.rerun(scope="app")
-        ui.show_job_status(j, j.view(), what)
-
-    tick()
 
 
 def _result(slot: str, key: tuple[Any, ...], pressed: bool, s: Settings, make: Callable[[Any], JobSteps],
@@ -87,7 +64,7 @@ def _result(slot: str, key: tuple[Any, ...], pressed: bool, s: Settings, make: C
         return None
     view = j.view()
     if not view.finished:
-        _poll(shown, what)
+        ui.poll_jobs([shown], [what])
         return None
     if view.state != "done":
         ui.show_job_status(j, view, what)

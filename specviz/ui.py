@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from specviz import models
 from specviz.drafters import ModelDrafter, make_drafter
 from specviz.engine import GAMMA_RANGE, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
 from specviz.lessons import has_lesson, lesson
+from specviz.presets import GROUP_TITLES, presets_in
 from specviz.live import Job, JobSteps, JobView, PairStore, Runner, RunnerBusy
 from specviz.settings import (
     LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
@@ -267,6 +268,28 @@ def retry_pair(name: str) -> None:
     pair_store().forget(name)
 
 
+def pair_or_message(name: str, key: str | None = None) -> models.LoadedPair | None:
+    """The loaded pair; or None after saying why it failed, with a button to try again."""
+    try:
+        return get_pair(name)
+    except models.PairError as exc:
+        st.error(f"The model pair could not be loaded: {exc}", icon=":material/error:")
+        st.button("Try loading it again", on_click=retry_pair, args=(name,), key=key)
+        st.caption("Or choose another model pair in the sidebar.")
+        return None
+
+
+def preset_buttons(prefix: str, on_click: Callable[[str], None], hints: Mapping[str, str] | None = None) -> None:
+    """The preset prompts as buttons in a Predictable and a Creative column; a press calls on_click(preset id)."""
+    cols = st.columns(2, gap="medium")
+    for col, group in zip(cols, ("predictable", "creative")):
+        with col:
+            st.markdown(f"**{GROUP_TITLES[group]}**{(hints or {}).get(group, '')}")
+            with st.container(horizontal=True, gap="small"):
+                for p in presets_in(group):
+                    st.button(p.title, key=f"{prefix}preset.{p.id}", on_click=on_click, args=(p.id,), help=p.why)
+
+
 @dataclass(frozen=True)
 class RunRef:
     """What a page keeps in session_state about a run: keys into the shared runner, nothing heavy."""
@@ -317,6 +340,21 @@ def wait_line(j: Job) -> str | None:
     if ahead <= 0 or j.view().state != "queued":
         return None
     return f"Waiting for the model: {ahead} {'run' if ahead == 1 else 'runs'} ahead of you."
+
+
+def poll_jobs(keys: Sequence[tuple[Any, ...]], what: Sequence[str], every: float = 1.0) -> None:
+    """Redraw the jobs' status every `every` seconds (place in the queue, progress); rerun the page once all are finished."""
+
+    @st.fragment(run_every=every)
+    def status() -> None:
+        jobs = [runner().get(k) for k in keys]
+        if all(j is None or j.view().finished for j in jobs):
+            st.rerun(scope="app")
+        for j, name in zip(jobs, what):
+            if j is not None and not j.view().finished:
+                show_job_status(j, j.view(), name)
+
+    status()
 
 
 def show_job_status(j: Job, view: JobView, what: str) -> None:
