@@ -216,7 +216,7 @@ def main() -> None:
     s = ui.settings()
     _init_state()
     _header(s)
-    prompt = _prompt_box()
+    prompt = ui.repaired_prompt(_prompt_box())
     gammas = _gamma_picker(s)
     st.button("Measure", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     requested = ss.pop(P + "run_request", False)

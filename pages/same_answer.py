@@ -332,7 +332,7 @@ def main() -> None:
     _init_state()
     st.title("Same answer" if s.level != "d1" else "Does the helper change the answer?")
     ui.lesson_md(s.level, "same_intro")
-    prompt = _prompt_box()
+    prompt = ui.repaired_prompt(_prompt_box())
     pair = ui.pair_or_message(s.pair)
     if pair is None:
         return

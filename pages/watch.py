@@ -14,7 +14,7 @@ from specviz.lessons import labels, lesson
 from specviz.live import JobView, RunnerBusy
 from specviz.metrics import summarize
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.settings import Settings, clean_prompt, prompt_problem
+from specviz.settings import Settings, prompt_problem
 from specviz.viz import export, figures, playback as pb, strip
 
 P = "watch."  # session_state prefix of this page
@@ -526,9 +526,7 @@ def main() -> None:
     s = ui.settings()
     _init_state()
     _header(s)
-    prompt, changes = clean_prompt(_prompt_box())
-    for change in changes:
-        st.caption(f":material/healing: {change}")
+    prompt = ui.repaired_prompt(_prompt_box())
     ref = _ref()
     spec, plain = _views(ref)
     if s.level == "d1":

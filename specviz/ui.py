@@ -25,7 +25,7 @@ from specviz.presets import GROUP_TITLES, presets_in
 from specviz.live import Job, JobSteps, JobView, PairStore, Runner, RunnerBusy
 from specviz.settings import (
     LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
-    parse_query, to_query,
+    clean_prompt, parse_query, to_query,
 )
 
 log = logging.getLogger("specviz.app")
@@ -277,6 +277,14 @@ def pair_or_message(name: str, key: str | None = None) -> models.LoadedPair | No
         st.button("Try loading it again", on_click=retry_pair, args=(name,), key=key)
         st.caption("Or choose another model pair in the sidebar.")
         return None
+
+
+def repaired_prompt(prompt: str) -> str:
+    """The prompt a tokenizer can take (settings.clean_prompt), with a caption for each repair."""
+    prompt, changes = clean_prompt(prompt)
+    for change in changes:
+        st.caption(f":material/healing: {change}")
+    return prompt
 
 
 def preset_buttons(prefix: str, on_click: Callable[[str], None], hints: Mapping[str, str] | None = None) -> None:
