@@ -33,6 +33,24 @@ def make_app(**query: str) -> AppTest:
     return at
 
 
+def open_page(page: str, **query: str) -> AppTest:
+    """The app opened on `page` (a file under pages/) with the sidebar, on the tiny pair unless asked."""
+    at = make_app(**query)
+    at.run()
+    at.switch_page(page).run()
+    no_exception(at)
+    return at
+
+
+def set_settings(at: AppTest, **changes: object) -> AppTest:
+    """Change sidebar settings through their widgets' state (the sidebar reads them on the next run)."""
+    for name, value in changes.items():
+        at.session_state[f"cfg.{name}"] = value
+    at.run()
+    no_exception(at)
+    return at
+
+
 def html(at: AppTest) -> str:
     return "\n".join(h.proto.body for h in at.get("html") if not h.proto.body.startswith("<style>"))
 

@@ -5,19 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from specviz import ui
-from tests.test_app_watch import XSS, make_app, no_exception, texts
+from tests.test_app_watch import XSS, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/same_answer.py"
 
 
-def open_page(**query: str):
-    at = make_app(**query)
-    at.run()
-    at.switch_page(PAGE).run()
-    no_exception(at)
-    return at
+def open_page(**query: str) -> AppTest:
+    return open_app_page(PAGE, **query)
 
 
 def wait_for(at, done, timeout: float = 120.0):
@@ -36,11 +33,7 @@ def wait_for(at, done, timeout: float = 120.0):
 
 
 def set_level(at, level: str):
-    """Change the explanation level through the sidebar widget's state (read on the next run)."""
-    at.session_state["cfg.level"] = level
-    at.run()
-    no_exception(at)
-    return at
+    return set_settings(at, level=level)
 
 
 def greedy_done(at) -> bool:

@@ -6,28 +6,16 @@ import json
 import time
 
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from specviz import models, ui, workloads
-from tests.test_app_watch import make_app, no_exception, texts
+from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/where_it_helps.py"
 
 
-def open_page(**query: str):
-    at = make_app(**query)
-    at.run()
-    at.switch_page(PAGE).run()
-    no_exception(at)
-    return at
-
-
-def set_settings(at, **changes):
-    """Change sidebar settings through their widgets' state (the sidebar reads them on the next run)."""
-    for name, value in changes.items():
-        at.session_state[f"cfg.{name}"] = value
-    at.run()
-    no_exception(at)
-    return at
+def open_page(**query: str) -> AppTest:
+    return open_app_page(PAGE, **query)
 
 
 def run_workloads(at, timeout: float = 120.0):

@@ -10,17 +10,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz import ui, verify_cost as vc
-from tests.test_app_watch import make_app, no_exception, texts
+from tests.test_app_watch import no_exception, texts, open_page as open_app_page
 
 PAGE = "pages/why_cheap.py"
 
 
 def open_page(**query: str) -> AppTest:
-    at = make_app(**query)
-    at.run()
-    at.switch_page(PAGE).run()
-    no_exception(at)
-    return at
+    return open_app_page(PAGE, **query)
 
 
 def wait_for(at: AppTest, done: Callable[[AppTest], bool], timeout: float = 120.0) -> AppTest:
