@@ -14,7 +14,7 @@ from specviz.drafters import make_drafter
 from specviz.engine import (
     GAMMA_RANGE, Generation, GenerationConfig, GenIter, RoundTrace, autoregressive_generate, speculative_generate,
 )
-from specviz.live import Progress
+from specviz.live import Progress, with_progress
 from specviz.sampling import SamplingConfig
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
@@ -193,32 +193,19 @@ def summarize_sweep(config: SweepConfig, baseline: Generation, runs: Sequence[tu
     )
 
 
-def run_with_progress(steps: GenIter, done_before: int, total: int, label: str, budget: int
-                   ) -> Generator[Progress, None, Generation]:
-    """Drain one generation, yielding a Progress per round (tokens are the unit); returns the Generation."""
-    made = 0
-    while True:
-        try:
-            r = next(steps)
-        except StopIteration as stop:
-            return stop.value
-        made += len(r.new_ids)
-        yield Progress(done_before + min(made, budget), total, f"{label}: {min(made, budget)}/{budget} tokens")
-
-
 def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Generator[Progress, None, Sweep]:
     """The runner job: baseline, then one speculative run per γ; a Progress per round and after each run."""
     budget, ids, eos = config.max_new_tokens, list(prompt_ids), tuple(pair.eos_ids)
     total = budget * config.runs
     yield Progress(0, total, "target alone (the baseline)…")
-    baseline = yield from run_with_progress(
+    baseline = yield from with_progress(
         autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline_config(), eos),
         0, total, "target alone", budget)
     runs: list[tuple[int, Generation]] = []
     for i, gamma in enumerate(config.gammas, start=1):
         yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
         drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None)
-        gen = yield from run_with_progress(
+        gen = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
             budget * i, total, f"γ = {gamma}", budget)
         runs.append((gamma, gen))

@@ -18,7 +18,7 @@ from specviz.engine import (
     AcceptRule, GenerationConfig, TokenTexts, autoregressive_generate, run_to_end, speculative_generate,
 )
 from specviz.kv import CachedLM
-from specviz.live import Progress
+from specviz.live import Progress, drain, with_progress
 from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
 
 RuleName = Literal["exact", "topk"]
@@ -91,9 +91,9 @@ def greedy_comparison(
         raise ValueError("the token-by-token comparison needs greedy decoding")
     total = 2 * config.max_new_tokens
     spec_steps = speculative_generate(target, drafter, tokenizer, prompt_ids, config, eos_ids)
-    spec = yield from _with_progress(spec_steps, 0, total, "speculative run")
+    spec = yield from with_progress(spec_steps, 0, total, "speculative run", config.max_new_tokens)
     plain_steps = autoregressive_generate(target, tokenizer, prompt_ids, config, eos_ids)
-    plain = yield from _with_progress(plain_steps, config.max_new_tokens, total, "target alone")
+    plain = yield from with_progress(plain_steps, config.max_new_tokens, total, "target alone", config.max_new_tokens)
     texts = TokenTexts(tokenizer)
     return GreedyComparison(
         spec_tokens=spec.tokens, plain_tokens=plain.tokens, spec_texts=texts(spec.tokens), plain_texts=texts(plain.tokens),
@@ -102,18 +102,6 @@ def greedy_comparison(
         target_calls_plain=plain.target_calls, drafted=spec.drafted, accepted=spec.accepted,
         spec_ms=spec.decode_ms, plain_ms=plain.decode_ms,
     )
-
-
-def _with_progress(steps: Any, offset: int, total: int, what: str) -> Generator[Progress, None, Any]:
-    """Drain a generation, yielding Progress after each round; returns its Generation."""
-    made = 0
-    while True:
-        try:
-            r = next(steps)
-        except StopIteration as done:
-            return done.value
-        made += len(r.new_ids)
-        yield Progress(offset + made, total, f"{what}: {made} tokens")
 
 
 # ------------------------------------------------------------------------------------------
@@ -502,14 +490,6 @@ def histogram_rows(law: ExactLaw, target: SampleCounts, spec: SampleCounts, top:
 # ------------------------------------------------------------------------------------------
 
 
-def _drain(steps: Generator[Any, None, Any]) -> Any:
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Print greedy identity and the sampling test (exact rule and top-k shortcut) for one pair and prompt."""
     import argparse
@@ -535,19 +515,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ids = list(pair.tokenizer(prompt)["input_ids"])
     gcfg = GenerationConfig(max_new_tokens=a.greedy_tokens, gamma=a.gamma, sampling=SamplingConfig("greedy"))
     t0 = time.perf_counter()
-    cmp = _drain(greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg, pair.eos_ids))
+    cmp = drain(greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg, pair.eos_ids))
     print(f"pair {a.pair}, preset {a.preset!r}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, identical={cmp.identical}, "
           f"first divergence={cmp.first_divergence} ({time.perf_counter() - t0:.1f} s)", flush=True)
     cfg = SampleConfig(SamplingConfig("sample", a.temperature, top_p=a.top_p, seed=a.seed), a.samples, a.tokens)
     t0 = time.perf_counter()
-    ref = _drain(reference_job(pair.target, pair.tokenizer, ids, cfg))
+    ref = drain(reference_job(pair.target, pair.tokenizer, ids, cfg))
     fit = fit_test(ref.law, ref.target)
     print(f"N={a.samples}, {a.tokens} tokens, T={a.temperature}, top-p={a.top_p}, seed={a.seed}: exact law {len(ref.law.sequences)} "
           f"bins covering {ref.law.covered:.3f}; target alone {time.perf_counter() - t0:.1f} s: chi2={fit.chi2:.1f} "
           f"dof={fit.dof} p={fit.pvalue:.3g} TV={fit.tv:.4f}", flush=True)
     for rule in ("exact", "topk"):
         t0 = time.perf_counter()
-        counts = _drain(speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, SpecConfig(a.gamma, "model", rule, a.k)))
+        counts = drain(speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, SpecConfig(a.gamma, "model", rule, a.k)))
         fit = fit_test(ref.law, counts)
         name = "exact rule" if rule == "exact" else f"top-{a.k} shortcut"
         print(f"speculative, {name}: {time.perf_counter() - t0:.1f} s, accepted {counts.accepted}/{counts.drafted}: "

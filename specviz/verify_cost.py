@@ -23,7 +23,7 @@ from specviz.drafters import ModelDrafter
 from specviz.engine import (
     GAMMA_RANGE, Generation, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate,
 )
-from specviz.live import Progress
+from specviz.live import Progress, drain, with_progress
 from specviz.metrics import (
     acceptance_rate, expected_speedup_at_cost, measured_c, measured_speedup, target_ms_per_step,
     tokens_per_target_call,
@@ -360,19 +360,6 @@ def measure_pass_cost(target: torch.nn.Module, tokenizer: Any, pair: str,
     return PassCost(pair, machine_of(device), len(ids), config.ks, tuple(tuple(times[k]) for k in config.ks))
 
 
-def _drain(steps: Generator[Any, None, Generation], done: int, total: int, what: str,
-           budget: int) -> Generator[Progress, None, Generation]:
-    """Run a generation, yielding Progress per round (tokens made so far of `budget`)."""
-    made = 0
-    while True:
-        try:
-            r = next(steps)
-        except StopIteration as end:
-            return end.value
-        made += len(r.new_ids)
-        yield Progress(done + min(made, budget), total, f"{what}: {made}/{budget} tokens")
-
-
 def measure_batch_effect(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Any, eos_ids: Sequence[int],
                          pair: str, config: BatchConfig = BatchConfig(),
                          available: Available = available_bytes) -> Generator[Progress, None, BatchEffect]:
@@ -386,9 +373,9 @@ def measure_batch_effect(target: torch.nn.Module, draft: torch.nn.Module, tokeni
     yield Progress(0, total, "warming up both models (a two-token run, not timed)")
     warm = GenerationConfig(max_new_tokens=2, gamma=config.gamma, sampling=config.sampling, stop_at_eos=False)
     run_to_end(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, warm, eos_ids))
-    spec = yield from _drain(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, gen, eos_ids),
+    spec = yield from with_progress(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, gen, eos_ids),
                              0, total, "short speculative run (measures α)", n_run)
-    plain = yield from _drain(autoregressive_generate(target, tokenizer, ids, gen, eos_ids),
+    plain = yield from with_progress(autoregressive_generate(target, tokenizer, ids, gen, eos_ids),
                               n_run, total, "the same run without a helper (measures c)", n_run)
     done = 2 * n_run
     points: list[BatchPoint] = []
@@ -427,17 +414,6 @@ def _time_batch(target: torch.nn.Module, draft: torch.nn.Module, ids: Ids, b: in
             yield Progress(done, total, f"batch {b}: {kind} pass {ms:.0f} ms")
     del tcache, dcache  # free this batch's caches before the next, larger one is checked and allocated
     return BatchPoint(b, tuple(times["step"]), tuple(times["verify"]), tuple(times["draft"]))
-
-
-def run_all(steps: Generator[Progress, None, Any], on_progress: Callable[[Progress], None] | None = None) -> Any:
-    """Drain a measurement generator and return its result."""
-    while True:
-        try:
-            p = next(steps)
-        except StopIteration as end:
-            return end.value
-        if on_progress:
-            on_progress(p)
 
 
 # ------------------------------------------------------------------------------------------
@@ -580,10 +556,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(str(e), 1) from None
         say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
         out: dict[str, Any] = {"note": args.note}
-        cost = run_all(measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
+        cost = drain(measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
         out["pass_cost"] = pass_cost_to_dict(cost)
         if not args.no_batch:
-            effect = run_all(measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, pair_name,
+            effect = drain(measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, pair_name,
                                                   b_config), say)
             out["batch_effect"] = batch_effect_to_dict(effect)
         if args.json:

@@ -14,8 +14,7 @@ from specviz import metrics
 from specviz.bench import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
 from specviz.drafters import make_drafter
 from specviz.engine import Generation, GenerationConfig, autoregressive_generate, speculative_generate
-from specviz.gamma_lab import run_with_progress
-from specviz.live import Progress
+from specviz.live import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
 from specviz.settings import prompt_problem
 
@@ -128,13 +127,13 @@ def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, No
         if problem:
             skipped.append(f"{preset.title}: {problem}")
             continue
-        base = yield from run_with_progress(
+        base = yield from with_progress(
             autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
             done, total, f"{preset.title}, target alone", budget)
         yield Progress(done + budget, total, f"{preset.title}: speculative…")
         drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None,
                                adaptive=config.spec.adaptive)
-        spec = yield from run_with_progress(
+        spec = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
             done + budget, total, f"{preset.title}, speculative", budget)
         rows.append(_row(preset, spec, base))
