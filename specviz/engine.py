@@ -12,6 +12,7 @@ import torch
 from specviz.adaptive import AdaptiveGamma
 from specviz.drafters import Draft, Drafter
 from specviz.kv import CachedLM
+from specviz.live import drain
 from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, verify_draft
 
 NextOrigin = Literal["correction", "bonus", "target"]
@@ -304,11 +305,5 @@ def _generate(
 
 def run_to_end(steps: GenIter, on_round: Callable[[RoundTrace], None] | None = None) -> Generation:
     """Drain a generation iterator and return its Generation (calling on_round for each round)."""
-    while True:
-        try:
-            trace = next(steps)
-        except StopIteration as done:
-            return done.value
-        if on_round:
-            on_round(trace)
+    return drain(steps, on_round)
 
