@@ -9,7 +9,7 @@ import pytest
 
 from specviz import gamma_lab, metrics, models
 from specviz.engine import RoundTrace
-from specviz.live import Progress
+from specviz.live import Progress, drain
 from specviz.presets import get_preset
 from specviz.sampling import SamplingConfig
 from specviz.viz import lab_gamma
@@ -114,12 +114,9 @@ def tiny():
 
 
 def _drain(steps):
+    """(every item the job yielded, its result)."""
     items = []
-    while True:
-        try:
-            items.append(next(steps))
-        except StopIteration as stop:
-            return items, stop.value
+    return items, drain(steps, items.append)
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])

@@ -8,12 +8,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.drafters import ModelDrafter
 from specviz.engine import CachedTarget, GenerationConfig, run_to_end, speculative_generate
+from specviz.live import drain
 from specviz.lossless import (
     ExactLaw, GreedyComparison, MemoDrafter, SampleConfig, SampleCounts, SpecConfig, TopKShortcut, binned, exact_law,
     fit_test, greedy_comparison, histogram_rows, reference_job, speculative_job, target_memo,
 )
 from specviz.sampling import SamplingConfig, logits_to_probs, verify_draft
 from specviz.viz.lab_same import greedy_table, histogram_figure
+from tests.test_engine import TOK
 
 V = 8
 PROMPT = [1, 5, 2, 7]
@@ -30,17 +32,6 @@ def tiny_lm(seed: int, vocab: int = V, scale: float = 1.0) -> LlamaForCausalLM:
     return model
 
 
-class IdTokenizer:
-    """Names each id; enough for traces on models without a real vocabulary."""
-
-    def batch_decode(self, seqs):
-        return [f"<{s[0]}>" for s in seqs]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"<{i}>" for i in ids)
-
-
-TOK = IdTokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +42,6 @@ def target():
 @pytest.fixture(scope="module")
 def draft():
     return tiny_lm(1, scale=5.0)
-
-
-def drain(steps):
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def direct_p(model, ids, sampling=SAMPLING):

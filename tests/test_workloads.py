@@ -7,7 +7,7 @@ import pytest
 
 from specviz import bench, models, workloads
 from specviz.engine import GenerationConfig
-from specviz.live import Progress
+from specviz.live import Progress, drain
 from specviz.presets import Preset, get_preset
 from specviz.sampling import SamplingConfig
 from specviz.viz import lab_workloads
@@ -111,12 +111,9 @@ def test_default_method_is_the_closest_to_the_sidebar(drafter, gamma, adaptive, 
 
 
 def _drain(steps):
+    """(every item the job yielded, its result)."""
     items = []
-    while True:
-        try:
-            items.append(next(steps))
-        except StopIteration as stop:
-            return items, stop.value
+    return items, drain(steps, items.append)
 
 
 def test_run_now_measures_every_workload_and_skips_what_cannot_fit():
