@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from specviz import ui
+from specviz.app import ui
 
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
                    initial_sidebar_state="expanded")

@@ -7,11 +7,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from specviz import gamma_lab, ui
-from specviz.gamma_lab import Sweep, SweepConfig
+from specviz.labs import how_far
+from specviz.app import ui
+from specviz.labs.how_far import Sweep, SweepConfig
 from specviz.presets import DEFAULT_PRESET, get_preset
-from specviz.settings import Settings, prompt_problem
-from specviz.viz import lab_gamma, strip
+from specviz.app.settings import Settings, prompt_problem
+from specviz.viz import how_far as how_far_view
+from specviz.viz import strip
 
 P = "howfar."  # session_state prefix of this page
 MAX_PROMPT_CHARS = 20_000
@@ -23,7 +25,7 @@ ss = st.session_state
 
 def _init_state() -> None:
     ss.setdefault(P + "prompt", get_preset(DEFAULT_PRESET).prompt)
-    ss.setdefault(P + "gammas", list(gamma_lab.DEFAULT_GAMMAS))
+    ss.setdefault(P + "gammas", list(how_far.DEFAULT_GAMMAS))
     ss.setdefault(P + "alpha", SLIDER_START[0])
     ss.setdefault(P + "c", SLIDER_START[1])
 
@@ -62,7 +64,7 @@ def _prompt_box() -> str:
 
 def _gamma_picker(s: Settings) -> list[int]:
     label = "How many guesses per turn to try" if s.level == "d1" else "γ values to measure (one speculative run each)"
-    return st.multiselect(label, gamma_lab.GAMMA_CHOICES, key=P + "gammas", persist_state="session",
+    return st.multiselect(label, how_far.GAMMA_CHOICES, key=P + "gammas", persist_state="session",
                           help="Each γ is one more speculative run of the same prompt; 1, 2, 4 and 8 take about a "
                                "minute on qwen-coder on this CPU (64 tokens).")
 
@@ -84,7 +86,7 @@ def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
     """Queue the sweep (reused when it exists) and stop this session's previous unfinished one."""
     key = _job_key(cfg)
     old = ss.get(P + "key")
-    job = ui.submit_job(key, lambda: gamma_lab.sweep_steps(pair, ids, cfg))
+    job = ui.submit_job(key, lambda: how_far.sweep_steps(pair, ids, cfg))
     if job is None:
         return
     if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
@@ -99,7 +101,7 @@ def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
-    lev = gamma_lab.leviathan_curves(sweep.alpha, sweep.c).best if sweep.alpha is not None and sweep.c is not None else None
+    lev = how_far.leviathan_curves(sweep.alpha, sweep.c).best if sweep.alpha is not None and sweep.c is not None else None
     if s.level == "d1":
         if best is not None and best.speedup:
             st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
@@ -138,18 +140,18 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
     measured = None
     verify = None
     if sweep is not None and sweep.alpha is not None and sweep.c is not None:
-        measured = gamma_lab.leviathan_curves(sweep.alpha, sweep.c)
+        measured = how_far.leviathan_curves(sweep.alpha, sweep.c)
         if sweep.verify_fit is not None and s.level == "d5":
-            verify = gamma_lab.verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
+            verify = how_far.verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
     custom = None
     if slider is not None:
         moved = measured is None or abs(slider[0] - _clamp(measured.alpha, *ALPHA_RANGE)) > 0.004 or \
             abs(slider[1] - _clamp(measured.c, *C_RANGE)) > 0.004
-        custom = gamma_lab.leviathan_curves(*slider) if moved else None
+        custom = how_far.leviathan_curves(*slider) if moved else None
     if measured is None and custom is None:
         return
     points = sweep.points if sweep is not None else ()
-    fig = lab_gamma.how_far_figure(measured, points, custom, verify, s.level, ui.font_size(s))
+    fig = how_far_view.how_far_figure(measured, points, custom, verify, s.level, ui.font_size(s))
     st.plotly_chart(fig, key=P + "chart", config={"displayModeBar": False})
     if custom is not None and measured is None:
         st.caption("Curves for the sliders' α and c only: press **Measure** to add this machine's measurement.")
@@ -158,7 +160,7 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
 def _table(sweep: Sweep, s: Settings) -> None:
     rows = []
     for p in sweep.points:
-        exp = gamma_lab.leviathan_curves(sweep.alpha, sweep.c, (p.gamma,)).speedup[0] if (
+        exp = how_far.leviathan_curves(sweep.alpha, sweep.c, (p.gamma,)).speedup[0] if (
             sweep.alpha is not None and sweep.c is not None) else None
         row = {
             "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": exp,
@@ -193,7 +195,7 @@ def _honesty(sweep: Sweep, s: Settings) -> None:
             st.caption(f"Straight-line fit of the median verify cost: {fit.intercept:.2f} + {fit.slope:.3f}·n target "
                        f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the dotted "
                        "orange curve extrapolates).")
-        st.plotly_chart(lab_gamma.verify_cost_bars(sweep.points, ui.font_size(s)), key=P + "verify",
+        st.plotly_chart(how_far_view.verify_cost_bars(sweep.points, ui.font_size(s)), key=P + "verify",
                         config={"displayModeBar": False})
 
 
@@ -232,7 +234,7 @@ def main() -> None:
     if problem:
         st.info(problem, icon=":material/edit:")
     else:
-        cfg = gamma_lab.make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
+        cfg = how_far.make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
         _plan(cfg, s)
         if requested:
             _start(pair, ids, cfg)

@@ -6,14 +6,15 @@ from typing import Any
 
 import streamlit as st
 
-from specviz import lossless, ui
-from specviz.drafters import make_drafter
-from specviz.engine import GenerationConfig
-from specviz.lossless import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
+from specviz.labs import same_answer
+from specviz.app import ui
+from specviz.core.drafters import make_drafter
+from specviz.core.trace import GenerationConfig
+from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
-from specviz.sampling import SamplingConfig
-from specviz.settings import Settings, prompt_problem
-from specviz.viz import lab_same
+from specviz.core.sampling import SamplingConfig
+from specviz.app.settings import Settings, prompt_problem
+from specviz.viz import same_answer as same_answer_view
 
 P = "same."  # session_state prefix of this page
 DEFAULT_PROMPT = "story"  # measured: SmolLM2's int8 draft and its target disagree here, so a lossy rule shows
@@ -35,7 +36,7 @@ def _names(level: str) -> dict[str, str]:
         return {"target": "big model alone", "spec": "with the helper", "exact": "what the big model wants",
                 "same": "same?", "other": "everything else", "x": "the next words (· between pieces, ␣ = space)",
                 "y": "how often (share of all tries)"}
-    return {**lab_same.DEFAULT_NAMES, "same": "same?"}
+    return {**same_answer_view.DEFAULT_NAMES, "same": "same?"}
 
 
 def _p_text(fit: FitTest) -> str:
@@ -121,7 +122,7 @@ def _greedy_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> None
     if ss.pop(P + "greedy_req", False) and not problem:
         drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
         job_ids = list(ids)
-        if ui.submit_job(key, lambda: lossless.greedy_comparison(pair.target, drafter, pair.tokenizer, job_ids, config,
+        if ui.submit_job(key, lambda: same_answer.greedy_comparison(pair.target, drafter, pair.tokenizer, job_ids, config,
                                                                   pair.eos_ids)):
             ss[P + "greedy"] = (key,)
     keys = _shown_keys("greedy", (key,), d1)
@@ -166,7 +167,7 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
         c3.metric("speed-up on this machine", f"{speed:.2f}×" if speed else "–",
                   help="Target-only decode time ÷ speculative decode time, measured here (a shared 2-core CPU, "
                   "no GPU). Timing is not the point of this page; the tokens are.")
-    table = lab_same.greedy_table(cmp, _names(s.level))
+    table = same_answer_view.greedy_table(cmp, _names(s.level))
     first = cmp.first_divergence
     st.dataframe(table, hide_index=True, height=min(36 * (len(table) + 1), 420), key=P + "greedy_table",
                  row_height=34 if s.presenter else None)
@@ -198,14 +199,14 @@ def _spec_config(s: Settings) -> SpecConfig:
 
 def _sampling_controls(s: Settings) -> None:
     d1 = s.level == "d1"
-    lo, hi = lossless.SAMPLES_RANGE
+    lo, hi = same_answer.SAMPLES_RANGE
     with st.container(horizontal=True, gap="medium", vertical_alignment="bottom"):
         st.slider("Samples N (per method)" if not d1 else "How many tries", lo, hi, step=100, key=P + "n", width=320,
                   help="More samples find smaller differences, and take longer.")
-        st.slider("Tokens per sample" if not d1 else "Words per try", *lossless.TOKENS_RANGE, key=P + "tokens", width=220)
+        st.slider("Tokens per sample" if not d1 else "Words per try", *same_answer.TOKENS_RANGE, key=P + "tokens", width=220)
     with st.container(horizontal=True, gap="medium", vertical_alignment="center"):
         st.toggle("Use a WRONG acceptance rule (a lossy shortcut)" if not d1 else "Let the big model be lazy",
-                  key=P + "wrong", help=lossless.RULE_TITLES["topk"])
+                  key=P + "wrong", help=same_answer.RULE_TITLES["topk"])
         if ss[P + "wrong"]:
             st.slider("k (accept any guess in the target's top k)", 1, 10, key=P + "k", width=260)
 
@@ -221,7 +222,7 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
              if s.mode == "greedy" else "Sampling settings from the sidebar: ")
     st.caption(f"{where}temperature {sp.temperature:g}, top-p {sp.top_p:g}, seed {sp.seed} · {pair.spec.title} · "
                f"drafter: {ui.DRAFTER_TITLES[s.drafter]} · γ = {s.gamma} (fixed here; a sample drafts at most "
-               f"{max(1, cfg.n_tokens - 1)} of them) · rule: {lossless.RULE_TITLES[spec.rule].split(':')[0]}")
+               f"{max(1, cfg.n_tokens - 1)} of them) · rule: {same_answer.RULE_TITLES[spec.rule].split(':')[0]}")
     ref_key = ("same.ref", pair.spec.name, prompt, cfg)
     spec_key = ("same.spec", pair.spec.name, prompt, cfg, spec)
     problem = prompt_problem(prompt, len(ids), pair.context_length, max(2, cfg.n_tokens))
@@ -231,8 +232,8 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
         st.info(problem, icon=":material/edit:")
     if ss.pop(P + "sample_req", False) and not problem:
         job_ids = list(ids)
-        ref = ui.submit_job(ref_key, lambda: lossless.reference_job(pair.target, pair.tokenizer, job_ids, cfg))
-        sj = ui.submit_job(spec_key, lambda: lossless.speculative_job(pair.target, pair.draft, pair.tokenizer, job_ids,
+        ref = ui.submit_job(ref_key, lambda: same_answer.reference_job(pair.target, pair.tokenizer, job_ids, cfg))
+        sj = ui.submit_job(spec_key, lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, job_ids,
                                                                        cfg, spec))
         if ref and sj:
             ss[P + "sampling"] = (ref_key, spec_key)
@@ -260,12 +261,12 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
 
 def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec_cfg: SpecConfig, s: Settings) -> None:
     d1, names = s.level == "d1", _names(s.level)
-    fit_t, fit_s = lossless.fit_test(ref.law, ref.target), lossless.fit_test(ref.law, spec)
+    fit_t, fit_s = same_answer.fit_test(ref.law, ref.target), same_answer.fit_test(ref.law, spec)
     wrong = spec_cfg.rule == "topk"
     _verdict(fit_t, fit_s, wrong, spec_cfg.top_k, spec.n, d1)
-    rows = lossless.histogram_rows(ref.law, ref.target, spec)
+    rows = same_answer.histogram_rows(ref.law, ref.target, spec)
     title = f"{spec.n} samples each of the next {cfg.n_tokens} token{'s' if cfg.n_tokens > 1 else ''}"
-    st.plotly_chart(lab_same.histogram_figure(rows, names, ui.font_size(s), title=title), key=P + "hist",
+    st.plotly_chart(same_answer_view.histogram_figure(rows, names, ui.font_size(s), title=title), key=P + "hist",
                     config={"displayModeBar": False})
     if not d1:
         c1, c2, c3, c4 = st.columns(4)
@@ -280,7 +281,7 @@ def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec
     if s.level == "d5":
         st.caption(
             f"χ²: target alone {fit_t.chi2:.1f}, speculative {fit_s.chi2:.1f} on {fit_s.dof} degrees of freedom "
-            f"({fit_s.n_bins} bins: every continuation with N·P ≥ {lossless.MIN_EXPECTED:g}, the rest pooled). "
+            f"({fit_s.n_bins} bins: every continuation with N·P ≥ {same_answer.MIN_EXPECTED:g}, the rest pooled). "
             f"Exact law: {len(ref.law.sequences)} continuations covering {ref.law.covered:.1%} of the mass, "
             f"{ref.law.forwards} target passes. Memoised distributions: the speculative samples ran "
             f"{spec.forwards} model passes for {spec.lookups} rows asked.")

@@ -8,14 +8,17 @@ from typing import Any
 
 import streamlit as st
 
-from specviz import ui
-from specviz.engine import RoundTrace
+from specviz.app import ui
+from specviz.core.trace import RoundTrace
 from specviz.lessons import labels, lesson
-from specviz.live import JobView, RunnerBusy
-from specviz.metrics import summarize
+from specviz.app.runner import JobView, RunnerBusy
+from specviz.core.metrics import summarize
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.settings import Settings, prompt_problem
-from specviz.viz import export, figures, playback as pb, strip
+from specviz.app.settings import Settings, prompt_problem
+from specviz.viz import export
+from specviz.viz import watch as watch_view
+from specviz.viz import playback as pb
+from specviz.viz import strip
 
 P = "watch."  # session_state prefix of this page
 # name -> (seconds per tick, frames per tick). Ticks stay at 2-3 per second at most: the browser and
@@ -310,7 +313,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
                    help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α and measured c")
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
-               lambda: figures.running_figure(points, L, ui.font_size(s)))
+               lambda: watch_view.running_figure(points, L, ui.font_size(s)))
 
 
 def _metric_slots(n: int, s: Settings) -> list[Any]:
@@ -351,7 +354,7 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
             return
         last = rejected[-1]
         _chart("rejection", (run_id, last.index, s.level, s.presenter),
-               lambda: figures.rejection_figure(last, L, font_size=ui.font_size(s)))
+               lambda: watch_view.rejection_figure(last, L, font_size=ui.font_size(s)))
         ui.lesson_md(s.level, "greedy_residual" if run_mode == "greedy" else "sampling_residual")
 
 
@@ -433,7 +436,7 @@ def _race(ref: ui.RunRef, s: Settings) -> None:
         hint = "Press **Start the race**. " if start is None else ""
         st.caption(f"{hint}{clock}replayed at measured speed (the two runs were computed one after the other).")
         if s.level != "d1":
-            _chart("race", (ref.spec_key, s.level, s.presenter), lambda: figures.race_figure(spec_tl, plain_tl, L, ui.font_size(s)))
+            _chart("race", (ref.spec_key, s.level, s.presenter), lambda: watch_view.race_figure(spec_tl, plain_tl, L, ui.font_size(s)))
 
     race_view()
 
@@ -488,7 +491,7 @@ def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
             ui.lesson_md("d2", "memory")
             st.image(str(ui.ASSETS / "memory.svg"), width=640)
             if spec and spec.rounds:
-                st.plotly_chart(figures.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
+                st.plotly_chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
                                 key=P + "cost2", config={"displayModeBar": False})
         with st.expander("Exact, not approximate"):
             ui.lesson_md("d2", "rule")
@@ -502,14 +505,14 @@ def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
         if spec and plain and spec.generation and plain.generation:
             sm = summarize(spec.generation, plain.generation)
             if sm.acceptance_rate is not None and sm.c is not None:
-                st.plotly_chart(figures.tradeoff_figure(sm.acceptance_rate, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
+                st.plotly_chart(watch_view.tradeoff_figure(sm.acceptance_rate, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
                                 key=P + "tradeoff", config={"displayModeBar": False})
         else:
             st.caption("The curve for this run's α and c appears once both runs are measured.")
     with st.expander("What one target pass costs here (measured)"):
         ui.lesson_md("d5", "cpu")
         if spec and spec.rounds:
-            st.plotly_chart(figures.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
+            st.plotly_chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
                             key=P + "cost5", config={"displayModeBar": False})
     with st.expander("Beyond one draft model: batching, features, trees"):
         for key in ("batching", "eagle", "trees"):

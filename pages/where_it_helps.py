@@ -8,11 +8,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from specviz import ui, workloads
+from specviz.app import ui
+from specviz.labs import where_it_helps
 from specviz.presets import GROUP_TITLES
-from specviz.settings import Settings
-from specviz.viz import lab_workloads, strip
-from specviz.workloads import BenchFile, BenchReadError, WorkloadResults, WorkloadsConfig
+from specviz.app.settings import Settings
+from specviz.viz import where_it_helps as where_it_helps_view
+from specviz.viz import strip
+from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults, WorkloadsConfig
 
 P = "where."  # session_state prefix of this page
 SOURCES = {"run": "Run now on this machine", "bench": "Latest benchmark results"}
@@ -26,7 +28,7 @@ def _request_run() -> None:
 @st.cache_data(show_spinner=False, max_entries=8)
 def _read_bench(path: str, mtime: float) -> BenchFile:
     """One bench file, re-read only when it changes (mtime is part of the key)."""
-    return workloads.read_bench(Path(path))
+    return where_it_helps.read_bench(Path(path))
 
 
 def _header(s: Settings) -> None:
@@ -36,7 +38,7 @@ def _header(s: Settings) -> None:
 
 def _source(s: Settings, bench_path: Path | None) -> str:
     """The source radio; its default follows the pair (and changes when the pair does)."""
-    default, why = workloads.default_source(s.pair, bench_path is not None)
+    default, why = where_it_helps.default_source(s.pair, bench_path is not None)
     if ss.get(P + "source_pair") != s.pair:
         ss[P + "source"] = default
         ss[P + "source_pair"] = s.pair
@@ -58,7 +60,7 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
     cfg = _run_config(s)
     st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
-               f"{workloads.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
+               f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
                "Change γ, the drafter or the decoding in the sidebar.")
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     key = _job_key(cfg)
@@ -67,7 +69,7 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
         if pair is None:
             return None
         old = ss.get(P + "key")
-        if ui.submit_job(key, lambda: workloads.workload_steps(pair, cfg)) is not None:
+        if ui.submit_job(key, lambda: where_it_helps.workload_steps(pair, cfg)) is not None:
             if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
                 j.cancel()
             ss[P + "key"] = key
@@ -114,12 +116,12 @@ def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
     mode = left.selectbox("Decoding", modes, key=P + "bench_mode",
                           index=modes.index(s.mode) if s.mode in modes else 0)
     methods = file.methods(s.pair, mode)
-    default = workloads.default_method(methods, s.drafter, s.gamma, s.adaptive)
+    default = where_it_helps.default_method(methods, s.drafter, s.gamma, s.adaptive)
     if ss.get(P + "bench_method") not in methods:
         ss[P + "bench_method"] = default
-    method = right.selectbox("Method shown", methods, key=P + "bench_method", format_func=workloads.bench_method_words)
+    method = right.selectbox("Method shown", methods, key=P + "bench_method", format_func=where_it_helps.bench_method_words)
     _provenance(file, s)
-    return workloads.bench_results(file, s.pair, method, mode)
+    return where_it_helps.bench_results(file, s.pair, method, mode)
 
 
 def _provenance(file: BenchFile, s: Settings) -> None:
@@ -133,7 +135,7 @@ def _provenance(file: BenchFile, s: Settings) -> None:
     if file.settings and s.level == "d5":
         lines.append(f"settings: {file.settings}")
     st.caption(" · ".join(lines))
-    st.caption("The benchmark uses its own short prompts of the same kinds (see `specviz/bench.py`), not exactly the "
+    st.caption("The benchmark uses its own short prompts of the same kinds (see `specviz/bench/harness.py`), not exactly the "
                "preset texts, and counts prompt reading in ms/token; the **Run now** source uses the presets and "
                "counts decoding only.")
 
@@ -145,7 +147,7 @@ def _results(res: WorkloadResults, s: Settings) -> None:
     if not res.rows:
         st.info("No workload could be measured.")
     else:
-        st.plotly_chart(lab_workloads.workload_bars(res.rows, s.level, ui.font_size(s)), key=P + "bars",
+        st.plotly_chart(where_it_helps_view.workload_bars(res.rows, s.level, ui.font_size(s)), key=P + "bars",
                         config={"displayModeBar": False})
         _summary(res, s)
         if s.level != "d1":
@@ -197,7 +199,7 @@ def main() -> None:
     s = ui.settings()
     _header(s)
     requested = ss.pop(P + "run_request", False)
-    bench_path = workloads.find_bench(s.pair)
+    bench_path = where_it_helps.find_bench(s.pair)
     source = _source(s, bench_path)
     res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
     st.divider()

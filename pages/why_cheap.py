@@ -9,18 +9,19 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from specviz import ui
-from specviz.live import Job, JobSteps
-from specviz.settings import Settings
-from specviz.verify_cost import (
+from specviz.app import ui
+from specviz.app.runner import Job
+from specviz.core.progress import JobSteps
+from specviz.app.settings import Settings
+from specviz.labs.why_cheap import (
     GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchConfig, BatchEffect, PassCost, PassCostConfig, Reference,
     load_reference, measure_batch_effect, measure_pass_cost,
 )
-from specviz.viz import lab_cost
+from specviz.viz import why_cheap as why_cheap_view
 from specviz.viz.strip import speed_words
 
 P = "why_cheap."  # session_state prefix of this page
-GPU_COMMAND = ("python -m specviz.verify_cost --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
+GPU_COMMAND = ("python -m specviz.labs.why_cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
 ss = st.session_state
 
@@ -128,16 +129,16 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
     st.markdown(_pass_words(cost, s))
     fs = ui.font_size(s)
     if d1:
-        _chart(lab_cost.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
+        _chart(why_cheap_view.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
                                          measured_name="what the stopwatch said",
                                          linear_name="if every word cost a whole reading"), "pass_time")
     else:
         left, right = st.columns(2, gap="medium")
         with left:
-            _chart(lab_cost.pass_time_figure(cost, fs), "pass_time")
+            _chart(why_cheap_view.pass_time_figure(cost, fs), "pass_time")
         with right:
             ref = reference.pass_cost if reference else None
-            _chart(lab_cost.pass_ratio_figure(cost, ref, fs), "pass_ratio")
+            _chart(why_cheap_view.pass_ratio_figure(cost, ref, fs), "pass_ratio")
     _noise_note(cost.spread, s)
     if s.level == "d5":
         st.dataframe(_pass_table(cost), hide_index=True)
@@ -228,14 +229,14 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
     fs = ui.font_size(s)
     ref = reference.batch_effect if reference else None
     if d1:
-        _chart(lab_cost.batch_speedup_figure(effect, None, fs, x_title="stories written at once",
+        _chart(why_cheap_view.batch_speedup_figure(effect, None, fs, x_title="stories written at once",
                                              y_title="how much faster with the helper (×)"), "batch_speedup")
     else:
         left, right = st.columns(2, gap="medium")
         with left:
-            _chart(lab_cost.batch_speedup_figure(effect, ref, fs), "batch_speedup")
+            _chart(why_cheap_view.batch_speedup_figure(effect, ref, fs), "batch_speedup")
         with right:
-            _chart(lab_cost.batch_cost_figure(effect, fs), "batch_cost")
+            _chart(why_cheap_view.batch_cost_figure(effect, fs), "batch_cost")
     _noise_note(effect.spread, s)
     if effect.stopped:
         st.caption(f":material/memory: {effect.stopped}.")

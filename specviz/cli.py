@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 PROG = "specviz"
-GAMMA_MIN, GAMMA_MAX = 1, 16  # same bounds as specviz.engine.GAMMA_RANGE (checked there too)
+GAMMA_MIN, GAMMA_MAX = 1, 16  # same bounds as specviz.core.engine.GAMMA_RANGE (checked there too)
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
 WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
 
@@ -75,7 +75,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 def check_sampling_arguments(args: argparse.Namespace) -> None:
     """Cheap checks, run before any model is loaded."""
     if args.prompt:
-        from specviz.settings import clean_prompt
+        from specviz.app.settings import clean_prompt
 
         args.prompt, notes = clean_prompt(args.prompt)
         for note in notes:
@@ -208,10 +208,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     pair_name = resolve_pair_name(args.pair)
     progress = stderr_progress(args.quiet)
     from specviz import models
-    from specviz.drafters import make_drafter
-    from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-    from specviz.metrics import summarize
-    from specviz.sampling import SamplingConfig
+    from specviz.core.drafters import make_drafter
+    from specviz.core.engine import autoregressive_generate, speculative_generate
+    from specviz.core.trace import GenerationConfig
+    from specviz.core.metrics import summarize
+    from specviz.core.progress import drain
+    from specviz.core.sampling import SamplingConfig
 
     try:
         sampling = SamplingConfig(mode=args.mode, temperature=args.temperature, top_k=args.top_k,
@@ -231,12 +233,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # touches of freshly loaded weights). The baseline then reuses the same, already warm target.
     warm_ids = prompt_ids[:WARMUP_PROMPT_TOKENS]
     warm_cfg = GenerationConfig(max_new_tokens=WARMUP_TOKENS, gamma=min(2, args.gamma), stop_at_eos=False)
-    run_to_end(speculative_generate(pair.target, drafter, pair.tokenizer, warm_ids, warm_cfg, eos_ids))
+    drain(speculative_generate(pair.target, drafter, pair.tokenizer, warm_ids, warm_cfg, eos_ids))
 
     if not args.quiet:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
-    spec = run_to_end(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
-    base = run_to_end(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
+    spec = drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
+    base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
     summary = summarize(spec, base)
 
     result: dict[str, Any] = {
@@ -363,7 +365,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     pairs = [resolve_pair_name(name) for name in args.pair] if args.pair else None
     quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
     progress = stderr_progress(args.quiet)
-    from specviz import bench
+    from specviz.bench import harness as bench
 
     try:
         config = bench.make_config(
@@ -407,7 +409,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise CliError("--timeout must be > 0 seconds")
     pair = resolve_pair_name(args.pair)
-    from specviz import loadtest
+    from specviz.bench import loadtest
 
     config = loadtest.LoadConfig(sessions=args.sessions, pair=pair, max_new_tokens=args.max_new_tokens,
                                  timeout_s=args.timeout)

@@ -2,11 +2,13 @@
 
 import pytest
 
-from specviz.adaptive import AdaptiveGamma
-from specviz.drafters import ModelDrafter, make_drafter
-from specviz.engine import GenerationConfig, RoundTrace, autoregressive_generate, run_to_end, speculative_generate
-from specviz.metrics import summarize
-from specviz.sampling import SamplingConfig
+from specviz.core.progress import drain
+from specviz.core.adaptive import AdaptiveGamma
+from specviz.core.drafters import ModelDrafter, make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GenerationConfig, RoundTrace
+from specviz.core.metrics import summarize
+from specviz.core.sampling import SamplingConfig
 from tests.test_engine import PROMPT, TOK, WrongDrafter, tiny_lm
 
 
@@ -87,8 +89,8 @@ def test_adaptive_greedy_is_lossless(drafter_kind):
         "other": make_drafter("model", tiny_lm(1), adaptive=True),
     }[drafter_kind]
     cfg = GenerationConfig(max_new_tokens=60, gamma=8, adaptive=True, sampling=SamplingConfig("greedy"))
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, cfg))
-    spec = run_to_end(speculative_generate(target, drafter, TOK, PROMPT, cfg))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, cfg))
+    spec = drain(speculative_generate(target, drafter, TOK, PROMPT, cfg))
     assert spec.tokens == base.tokens
     assert max(len(r.draft_ids) for r in spec.rounds) <= 8
 
@@ -96,8 +98,8 @@ def test_adaptive_greedy_is_lossless(drafter_kind):
 def test_confidence_stop_shortens_drafts():
     target, draft = tiny_lm(0), tiny_lm(1)
     cfg = GenerationConfig(max_new_tokens=40, gamma=8, sampling=SamplingConfig("greedy"))
-    full = run_to_end(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
-    short = run_to_end(speculative_generate(target, ModelDrafter(draft, min_confidence=0.99), TOK, PROMPT, cfg))
+    full = drain(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
+    short = drain(speculative_generate(target, ModelDrafter(draft, min_confidence=0.99), TOK, PROMPT, cfg))
     assert short.tokens == full.tokens
     assert short.drafted / len(short.rounds) < full.drafted / len(full.rounds)
 
@@ -105,8 +107,8 @@ def test_confidence_stop_shortens_drafts():
 def test_summary_uses_the_draft_length_actually_used_when_adaptive():
     target = tiny_lm(0)
     cfg = GenerationConfig(max_new_tokens=40, gamma=16, adaptive=True, sampling=SamplingConfig("greedy"))
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, cfg))
-    spec = run_to_end(speculative_generate(target, ModelDrafter(target, min_confidence=0.4, min_tokens=3), TOK, PROMPT, cfg))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, cfg))
+    spec = drain(speculative_generate(target, ModelDrafter(target, min_confidence=0.4, min_tokens=3), TOK, PROMPT, cfg))
     drafted = [len(r.draft_ids) for r in spec.rounds if r.draft_ids]
     assert summarize(spec, base).gamma == pytest.approx(sum(drafted) / len(drafted))
     assert summarize(spec, base).gamma <= 16

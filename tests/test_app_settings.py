@@ -9,10 +9,11 @@ import time
 import pytest
 
 from specviz import lessons
-from specviz.engine import GAMMA_RANGE
-from specviz.live import PairStore, Progress, Runner, RunnerBusy
+from specviz.core.trace import GAMMA_RANGE
+from specviz.app.runner import PairStore, Runner, RunnerBusy
+from specviz.core.progress import Progress
 from specviz.presets import PRESETS, get_preset, presets_in
-from specviz.settings import DEFAULTS, Settings, parse_query, prompt_problem, to_query
+from specviz.app.settings import DEFAULTS, Settings, parse_query, prompt_problem, to_query
 
 PAIRS = ("qwen-coder", "smollm2-135m", "tiny-random")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz import models, ui
+from specviz import models
+from specviz.app import ui
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 XSS = "<img src=x onerror=alert(1)>"

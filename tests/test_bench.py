@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specviz import bench
-from specviz.bench import BenchError, RunRecord
+from specviz.bench import harness as bench
+from specviz.bench.harness import BenchError, RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900  # tiny models, but the CPU is shared
@@ -114,7 +114,7 @@ def test_bad_arguments_are_one_line(args: list[str], message: str, tmp_path: Pat
 
 
 def test_bench_does_not_import_streamlit() -> None:
-    code = "import sys, specviz.bench; assert 'streamlit' not in sys.modules"
+    code = "import sys, specviz.bench.harness; assert 'streamlit' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 

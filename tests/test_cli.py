@@ -150,9 +150,9 @@ def test_human_form_tiny_random():
 
 def test_local_folder_pair(tmp_path):
     """`hf:DRAFT_DIR,TARGET_DIR` loads saved models from disk (no hub involved)."""
-    from specviz import models
+    from specviz.models import tiny
 
-    tokenizer, target, draft = models._build_tiny_random()
+    tokenizer, target, draft = tiny._build_tiny_random()
     for name, model in (("draft", draft), ("target", target)):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
@@ -218,7 +218,7 @@ def test_missing_prompt_is_one_line():
 
 
 def test_gamma_bounds_match_the_engine():
-    from specviz.engine import GAMMA_RANGE
+    from specviz.core.trace import GAMMA_RANGE
 
     assert (cli.GAMMA_MIN, cli.GAMMA_MAX) == GAMMA_RANGE  # the CLI checks γ before importing torch
 

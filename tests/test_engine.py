@@ -7,11 +7,13 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specviz.drafters import Draft, ModelDrafter, NgramDrafter, find_ngram_continuation
-from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-from specviz.kv import CachedLM
-from specviz.metrics import acceptance_rate, tokens_per_target_call
-from specviz.sampling import SamplingConfig, logits_to_probs
+from specviz.core.progress import drain
+from specviz.core.drafters import Draft, ModelDrafter, NgramDrafter, find_ngram_continuation
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GenerationConfig
+from specviz.core.kv import CachedLM
+from specviz.core.metrics import acceptance_rate, tokens_per_target_call
+from specviz.core.sampling import SamplingConfig, logits_to_probs
 
 V = 12
 
@@ -93,8 +95,8 @@ def test_crop_uses_negative_counts_in_this_transformers(target):
 
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_greedy_identical_with_always_right_drafter(target, gamma):
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
-    spec = run_to_end(speculative_generate(target, ModelDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
+    spec = drain(speculative_generate(target, ModelDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
     assert spec.tokens == base.tokens and len(spec.tokens) == 48
     assert acceptance_rate(spec.rounds) == 1.0
     assert all(r.next_origin == "bonus" for r in spec.rounds[:-1])
@@ -102,8 +104,8 @@ def test_greedy_identical_with_always_right_drafter(target, gamma):
 
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_greedy_identical_with_always_wrong_drafter(target, gamma):
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
-    spec = run_to_end(speculative_generate(target, WrongDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
+    spec = drain(speculative_generate(target, WrongDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
     assert spec.tokens == base.tokens
     assert acceptance_rate(spec.rounds) == 0.0 and tokens_per_target_call(spec.rounds) == 1.0
     assert all(r.next_origin == "correction" for r in spec.rounds if r.draft_ids)
@@ -111,22 +113,22 @@ def test_greedy_identical_with_always_wrong_drafter(target, gamma):
 
 @pytest.mark.parametrize("gamma", [2, 5])
 def test_greedy_identical_with_an_imperfect_model_drafter(target, other, gamma):
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, _greedy(60, gamma)))
-    spec = run_to_end(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, _greedy(60, gamma)))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(60, gamma)))
+    spec = drain(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, _greedy(60, gamma)))
     assert spec.tokens == base.tokens
 
 
 def test_ngram_drafter_is_lossless_and_copies_repeats(target):
     prompt = [3, 4, 5, 6, 7, 3, 4, 5, 6, 7, 3, 4]
-    base = run_to_end(autoregressive_generate(target, TOK, prompt, _greedy(40)))
-    spec = run_to_end(speculative_generate(target, NgramDrafter(), TOK, prompt, _greedy(40)))
+    base = drain(autoregressive_generate(target, TOK, prompt, _greedy(40)))
+    spec = drain(speculative_generate(target, NgramDrafter(), TOK, prompt, _greedy(40)))
     assert spec.tokens == base.tokens
     assert find_ngram_continuation(prompt, 3, 1, 4) == [5, 6, 7, 3]
     assert find_ngram_continuation([1, 2, 3], 3, 1, 4) == []
 
 
 def test_trace_fields_are_consistent(target, other):
-    spec = run_to_end(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, _greedy(30, 4)))
+    spec = drain(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, _greedy(30, 4)))
     position = 0
     for i, r in enumerate(spec.rounds):
         assert r.index == i and r.position == position
@@ -143,14 +145,14 @@ def test_trace_fields_are_consistent(target, other):
 
 
 def test_stops_at_eos(target):
-    base = run_to_end(autoregressive_generate(target, TOK, PROMPT, _greedy(40)))
+    base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(40)))
     eos = base.tokens[10]
     cut = base.tokens[: base.tokens.index(eos) + 1]
     for steps in (
         autoregressive_generate(target, TOK, PROMPT, _greedy(40), eos_ids=[eos]),
         speculative_generate(target, ModelDrafter(target), TOK, PROMPT, _greedy(40), eos_ids=[eos]),
     ):
-        g = run_to_end(steps)
+        g = drain(steps)
         assert g.tokens == cut and g.stop_reason == "eos"
 
 
@@ -158,7 +160,7 @@ def test_yields_rounds_before_finishing(target):
     steps = speculative_generate(target, ModelDrafter(target), TOK, PROMPT, _greedy(20, 4))
     first = next(steps)
     assert first.index == 0 and first.n_accepted == 4
-    assert run_to_end(steps).rounds[0] == first
+    assert drain(steps).rounds[0] == first
 
 
 def test_rejects_bad_configs_and_empty_prompts(target):
@@ -167,13 +169,13 @@ def test_rejects_bad_configs_and_empty_prompts(target):
     with pytest.raises(ValueError):
         GenerationConfig(gamma=17)
     with pytest.raises(ValueError):
-        run_to_end(speculative_generate(target, NgramDrafter(), TOK, [], _greedy()))
+        drain(speculative_generate(target, NgramDrafter(), TOK, [], _greedy()))
 
 
 def test_sampling_replays_bit_for_bit_with_the_same_seed(target, other):
     cfg = GenerationConfig(max_new_tokens=20, gamma=3, sampling=SamplingConfig("sample", temperature=0.9, seed=7))
-    a = run_to_end(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, cfg))
-    b = run_to_end(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, cfg))
+    a = drain(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, cfg))
+    b = drain(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, cfg))
     assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
 
 
@@ -193,7 +195,7 @@ def test_sampled_two_token_law_matches_target_exactly():
     draws = 2500
     for seed in range(draws):
         cfg = GenerationConfig(max_new_tokens=3, gamma=2, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
-        t1, t2 = run_to_end(speculative_generate(target, ModelDrafter(draft), TOK, prompt, cfg)).tokens[:2]
+        t1, t2 = drain(speculative_generate(target, ModelDrafter(draft), TOK, prompt, cfg)).tokens[:2]
         counts[t1 * vocab + t2] += 1
     keep = joint * draws > 5
     obs, exp = counts[keep].double(), (joint[keep] * draws).double()
@@ -215,7 +217,7 @@ def test_requests_sharing_models_never_disturb_each_other(target, other):
     def start(i):
         return speculative_generate(target, ModelDrafter(other), TOK, prompts[i], configs[i], ())
 
-    alone = [run_to_end(start(i)) for i in range(3)]
+    alone = [drain(start(i)) for i in range(3)]
     # stepped in turn, round by round, as one worker interleaving sessions would
     gens, traces, done = [start(i) for i in range(3)], [[], [], []], [None, None, None]
     while any(d is None for d in done):
@@ -229,7 +231,7 @@ def test_requests_sharing_models_never_disturb_each_other(target, other):
     threaded = [None, None, None]
 
     def work(i):
-        threaded[i] = run_to_end(start(i))
+        threaded[i] = drain(start(i))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
     [t.start() for t in threads]

@@ -7,12 +7,14 @@ import random
 import plotly.graph_objects as go
 import pytest
 
-from specviz import gamma_lab, metrics, models
-from specviz.engine import RoundTrace
-from specviz.live import Progress, drain
+from specviz.labs import how_far
+from specviz.core import metrics
+from specviz import models
+from specviz.core.trace import RoundTrace
+from specviz.core.progress import Progress, drain
 from specviz.presets import get_preset
-from specviz.sampling import SamplingConfig
-from specviz.viz import lab_gamma
+from specviz.core.sampling import SamplingConfig
+from specviz.viz import how_far as how_far_view
 
 
 def _round(k: int, n: int, draft_ms: float = 1.0, verify_ms: float = 10.0) -> RoundTrace:
@@ -65,43 +67,43 @@ def test_checked_acceptance_recovers_alpha_at_every_gamma_while_drafted_ratio_fa
 
 
 def test_leviathan_curves_follow_the_formulas_and_find_the_peak():
-    cv = gamma_lab.leviathan_curves(0.8, 0.1)
+    cv = how_far.leviathan_curves(0.8, 0.1)
     assert cv.gammas == tuple(range(1, 17))
     assert cv.tokens[3] == pytest.approx((1 - 0.8**5) / 0.2)
     assert cv.speedup[3] == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
     assert cv.speedup[cv.best - 1] == max(cv.speedup)
     assert 1 < cv.best < 16  # a real interior optimum for these values
-    assert gamma_lab.leviathan_curves(0.3, 0.2).best == 1  # a poor, dear draft: guess once
-    assert gamma_lab.leviathan_curves(1.0, 0.01).best == 16  # a perfect, free draft: guess as far as allowed
-    assert gamma_lab.leviathan_curves(1.0, 0.0).tokens[-1] == 17
+    assert how_far.leviathan_curves(0.3, 0.2).best == 1  # a poor, dear draft: guess once
+    assert how_far.leviathan_curves(1.0, 0.01).best == 16  # a perfect, free draft: guess as far as allowed
+    assert how_far.leviathan_curves(1.0, 0.0).tokens[-1] == 17
 
 
 def test_verify_fit_recovers_a_straight_line_and_one_step_means_leviathan():
     step = 20.0
     rounds = [_round(0, 0, 0.0, step)] * 5  # target-only steps: 1 target step each
     rounds += [_round(k, k, 1.0, step * (0.5 + 0.5 * (k + 1))) for k in (1, 3, 7) for _ in range(3)]
-    sizes = gamma_lab.verify_steps_by_size(rounds, step)
+    sizes = how_far.verify_steps_by_size(rounds, step)
     assert sizes == pytest.approx({1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5})
-    fit = gamma_lab.fit_verify_cost(sizes)
+    fit = how_far.fit_verify_cost(sizes)
     assert fit.intercept == pytest.approx(0.5) and fit.slope == pytest.approx(0.5) and fit.max_scored == 8
-    assert gamma_lab.fit_verify_cost({1: 1.0}) is None
-    flat = gamma_lab.VerifyFit(1.0, 0.0, 1)
+    assert how_far.fit_verify_cost({1: 1.0}) is None
+    flat = how_far.VerifyFit(1.0, 0.0, 1)
     for g in (1, 4, 16):
-        assert gamma_lab.speedup_with_verify_cost(0.7, g, 0.05, flat) == pytest.approx(metrics.expected_speedup(0.7, g, 0.05))
+        assert how_far.speedup_with_verify_cost(0.7, g, 0.05, flat) == pytest.approx(metrics.expected_speedup(0.7, g, 0.05))
     # a dearer verify pass lowers the prediction
-    assert gamma_lab.speedup_with_verify_cost(0.7, 4, 0.05, fit) < metrics.expected_speedup(0.7, 4, 0.05)
+    assert how_far.speedup_with_verify_cost(0.7, 4, 0.05, fit) < metrics.expected_speedup(0.7, 4, 0.05)
 
 
 def test_sweep_config_sorts_gammas_and_rejects_bad_ones():
-    cfg = gamma_lab.make_sweep_config("tiny-random", "x", "model", [8, 1, 4, 1], 16, SamplingConfig())
+    cfg = how_far.make_sweep_config("tiny-random", "x", "model", [8, 1, 4, 1], 16, SamplingConfig())
     assert cfg.gammas == (1, 4, 8) and cfg.runs == 4
     assert cfg.spec_config(4).gamma == 4 and not cfg.spec_config(4).adaptive
-    assert cfg == gamma_lab.make_sweep_config("tiny-random", "x", "model", [4, 8, 1], 16, SamplingConfig())
-    assert hash(cfg) == hash(gamma_lab.make_sweep_config("tiny-random", "x", "model", (1, 4, 8), 16, SamplingConfig()))
+    assert cfg == how_far.make_sweep_config("tiny-random", "x", "model", [4, 8, 1], 16, SamplingConfig())
+    assert hash(cfg) == hash(how_far.make_sweep_config("tiny-random", "x", "model", (1, 4, 8), 16, SamplingConfig()))
     with pytest.raises(ValueError, match="at least one"):
-        gamma_lab.make_sweep_config("tiny-random", "x", "model", [], 16, SamplingConfig())
+        how_far.make_sweep_config("tiny-random", "x", "model", [], 16, SamplingConfig())
     with pytest.raises(ValueError, match="1..16"):
-        gamma_lab.make_sweep_config("tiny-random", "x", "model", [0, 4], 16, SamplingConfig())
+        how_far.make_sweep_config("tiny-random", "x", "model", [0, 4], 16, SamplingConfig())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,8 +125,8 @@ def _drain(steps):
 def test_sweep_runs_baseline_and_every_gamma(tiny, drafter):
     prompt = get_preset("code").prompt
     ids = list(tiny.tokenizer(prompt)["input_ids"])
-    cfg = gamma_lab.make_sweep_config("tiny-random", prompt, drafter, [1, 3, 6], 24, SamplingConfig())
-    progress, sweep = _drain(gamma_lab.sweep_steps(tiny, ids, cfg))
+    cfg = how_far.make_sweep_config("tiny-random", prompt, drafter, [1, 3, 6], 24, SamplingConfig())
+    progress, sweep = _drain(how_far.sweep_steps(tiny, ids, cfg))
     assert all(isinstance(p, Progress) for p in progress)
     done = [p.done for p in progress]
     assert done == sorted(done) and progress[-1].done == progress[-1].total == 24 * 4
@@ -145,9 +147,9 @@ def test_sweep_runs_baseline_and_every_gamma(tiny, drafter):
 
 def test_sampled_sweep_is_not_checked_for_identity(tiny):
     ids = list(tiny.tokenizer("Once upon a time")["input_ids"])
-    cfg = gamma_lab.make_sweep_config("tiny-random", "Once upon a time", "model", [2], 12,
+    cfg = how_far.make_sweep_config("tiny-random", "Once upon a time", "model", [2], 12,
                                       SamplingConfig(mode="sample", temperature=0.9, seed=3))
-    _, sweep = _drain(gamma_lab.sweep_steps(tiny, ids, cfg))
+    _, sweep = _drain(how_far.sweep_steps(tiny, ids, cfg))
     assert sweep.points[0].identical is None
 
 
@@ -155,14 +157,14 @@ def test_sampled_sweep_is_not_checked_for_identity(tiny):
 # the chart
 
 
-def _point(g: int, speed: float) -> gamma_lab.GammaPoint:
-    return gamma_lab.GammaPoint(g, 0.7, 0.8, 2.5, 0.1, speed, 100.0, 2.0, 32, True)
+def _point(g: int, speed: float) -> how_far.GammaPoint:
+    return how_far.GammaPoint(g, 0.7, 0.8, 2.5, 0.1, speed, 100.0, 2.0, 32, True)
 
 
 def test_how_far_figure_shows_curves_points_and_best_gamma():
-    measured = gamma_lab.leviathan_curves(0.8, 0.1)
+    measured = how_far.leviathan_curves(0.8, 0.1)
     points = [_point(1, 1.2), _point(4, 1.6), _point(8, 1.3)]
-    fig = lab_gamma.how_far_figure(measured, points, None, gamma_lab.verify_cost_curve(0.8, 0.1, gamma_lab.VerifyFit(0.5, 0.4, 9)),
+    fig = how_far_view.how_far_figure(measured, points, None, how_far.verify_cost_curve(0.8, 0.1, how_far.VerifyFit(0.5, 0.4, 9)),
                                    level="d5", font_size=13)
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]
@@ -178,20 +180,20 @@ def test_how_far_figure_shows_curves_points_and_best_gamma():
 
 
 def test_how_far_figure_adds_the_sliders_curve_and_d1_keeps_one_panel():
-    measured = gamma_lab.leviathan_curves(0.8, 0.1)
-    custom = gamma_lab.leviathan_curves(0.5, 0.3)
-    fig = lab_gamma.how_far_figure(measured, [], custom, None, level="d2")
+    measured = how_far.leviathan_curves(0.8, 0.1)
+    custom = how_far.leviathan_curves(0.5, 0.3)
+    fig = how_far_view.how_far_figure(measured, [], custom, None, level="d2")
     stars = [t for t in fig.data if t.marker and t.marker.symbol == "star"]
     assert sorted(s.x[0] for s in stars) == sorted([measured.best, custom.best])
     assert any(t.name == "expected (your α, c)" for t in fig.data)
-    d1 = lab_gamma.how_far_figure(measured, [_point(2, 1.4)], None, None, level="d1")
+    d1 = how_far_view.how_far_figure(measured, [_point(2, 1.4)], None, None, level="d1")
     assert "yaxis2" not in d1.layout.to_plotly_json() or d1.layout.yaxis2.title.text is None
     assert d1.layout.xaxis.title.text.startswith("how many words")
     # only the sliders (nothing measured yet)
-    only = lab_gamma.how_far_figure(None, [], custom, None, level="d5")
+    only = how_far_view.how_far_figure(None, [], custom, None, level="d5")
     assert [t.name for t in only.data if t.mode == "lines"] == ["Leviathan (slider α, c)"] * 2
 
 
 def test_verify_cost_bars_have_units():
-    fig = lab_gamma.verify_cost_bars([_point(1, 1.0), _point(4, 1.5)])
+    fig = how_far_view.verify_cost_bars([_point(1, 1.0), _point(4, 1.5)])
     assert list(fig.data[0].x) == [1, 4] and "target step" in fig.layout.yaxis.title.text

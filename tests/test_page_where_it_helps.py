@@ -8,7 +8,9 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz import models, ui, workloads
+from specviz import models
+from specviz.app import ui
+from specviz.labs import where_it_helps
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/where_it_helps.py"
@@ -93,7 +95,7 @@ def test_bench_source_without_a_file_says_how_to_make_one():
 
 
 def test_slow_pair_opens_on_the_benchmark_file_without_loading_it(monkeypatch):
-    if workloads.find_bench("qwen-coder") is None:
+    if where_it_helps.find_bench("qwen-coder") is None:
         pytest.skip("no benchmark file for qwen-coder in this checkout")
     loads: list[str] = []
     real_load = models.load_pair

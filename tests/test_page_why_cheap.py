@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz import ui, verify_cost as vc
+from specviz.app import ui
+from specviz.labs import why_cheap as vc
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page
 
 PAGE = "pages/why_cheap.py"

@@ -2,10 +2,12 @@
 
 import pytest
 
-from specviz.drafters import ModelDrafter, NgramDrafter
-from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from specviz.core.progress import drain
+from specviz.core.drafters import ModelDrafter, NgramDrafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GenerationConfig
 from specviz.models import load_pair
-from specviz.sampling import SamplingConfig
+from specviz.core.sampling import SamplingConfig
 
 PROMPTS = {
     "code": "def fibonacci(n):",
@@ -22,9 +24,9 @@ def _config(gamma: int) -> GenerationConfig:
 def _check_identity(pair, baselines, prompt_name: str, gamma: int, drafter) -> None:
     ids = pair.tokenizer(PROMPTS[prompt_name])["input_ids"]
     if prompt_name not in baselines:
-        baselines[prompt_name] = run_to_end(autoregressive_generate(pair.target, pair.tokenizer, ids, _config(gamma)))
+        baselines[prompt_name] = drain(autoregressive_generate(pair.target, pair.tokenizer, ids, _config(gamma)))
     base = baselines[prompt_name]
-    spec = run_to_end(speculative_generate(pair.target, drafter, pair.tokenizer, ids, _config(gamma)))
+    spec = drain(speculative_generate(pair.target, drafter, pair.tokenizer, ids, _config(gamma)))
     assert len(spec.tokens) == NEW_TOKENS
     assert spec.tokens == base.tokens, (
         f"diverged at token {next(i for i, (a, b) in enumerate(zip(spec.tokens, base.tokens)) if a != b)}:\n"

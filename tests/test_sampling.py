@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specviz.sampling import SamplingConfig, logits_to_probs, verify_draft
+from specviz.core.sampling import SamplingConfig, logits_to_probs, verify_draft
 
 
 def _rejecting_verdict(p, q, x):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import models
-from specviz.live import PairStore
+from specviz.models import gguf
+from specviz.app.runner import PairStore
 from specviz.models import PairError, load_pair
 from tests.test_models import save_pair
 
@@ -87,8 +87,8 @@ def test_running_out_of_memory_while_loading_is_one_line(tmp_path: Path, monkeyp
 def test_weight_packages_are_located_without_importing_them():
     import sys
 
-    for sources in models._PAIR_SOURCES.values():
+    for sources in gguf._PAIR_SOURCES.values():
         for source in sources:
             for part in source.parts:
-                assert models._locate(part) is not None, f"{part.dist} is not installed"
+                assert gguf._locate(part) is not None, f"{part.dist} is not installed"
                 assert part.module not in sys.modules, f"{part.module} was imported"

@@ -1,4 +1,4 @@
-"""specviz.verify_cost on the tiny random pair: pass timing, batch caches, memory stop, speed-up maths, JSON, CLI."""
+"""specviz.labs.why_cheap on the tiny random pair: pass timing, batch caches, memory stop, speed-up maths, JSON, CLI."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
-from specviz import metrics, models, verify_cost as vc
-from specviz.live import Progress
+from specviz.core import metrics
+from specviz import models
+from specviz.labs import why_cheap as vc
+from specviz.core.progress import Progress
 
 
 @pytest.fixture(scope="module")

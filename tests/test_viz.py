@@ -8,9 +8,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from specviz.engine import GenerationConfig, Generation, RoundTrace, TopDist
+from specviz.core.trace import GenerationConfig, Generation, RoundTrace, TopDist
 from specviz.lessons import labels
-from specviz.viz import export, figures, playback as pb, strip
+from specviz.viz import export
+from specviz.viz import watch as watch_view
+from specviz.viz import playback as pb
+from specviz.viz import strip
 
 XSS = "<img src=x onerror=alert(1)>"
 L = labels("d2")
@@ -131,16 +134,16 @@ def test_speed_words_have_no_numbers():
 
 
 def test_figures_build(rounds):
-    fig = figures.rejection_figure(rounds[0], L)
+    fig = watch_view.rejection_figure(rounds[0], L)
     assert isinstance(fig, go.Figure) and len(fig.data) == 3
     assert all("<img" not in t for t in fig.layout.xaxis.ticktext)
-    assert figures.rejection_figure(rounds[1], L) is None  # a bonus round has no rejection
-    assert len(figures.running_figure(pb.running_points(rounds, 20.0), L).data) == 2
-    assert len(figures.running_figure(pb.running_points(rounds, None), L).data) == 1
+    assert watch_view.rejection_figure(rounds[1], L) is None  # a bonus round has no rejection
+    assert len(watch_view.running_figure(pb.running_points(rounds, 20.0), L).data) == 2
+    assert len(watch_view.running_figure(pb.running_points(rounds, None), L).data) == 1
     tl = pb.race_timeline(rounds)
-    assert len(figures.race_figure(tl, tl, L).data) == 2
-    assert len(figures.tradeoff_figure(0.7, 0.1, 4, 1.8, L).data) == 3
-    assert len(figures.verify_cost_figure(rounds, rounds, L).data) == 2
+    assert len(watch_view.race_figure(tl, tl, L).data) == 2
+    assert len(watch_view.tradeoff_figure(0.7, 0.1, 4, 1.8, L).data) == 3
+    assert len(watch_view.verify_cost_figure(rounds, rounds, L).data) == 2
 
 
 def test_trace_csv_and_json(rounds):

@@ -5,19 +5,21 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from specviz import bench, models, workloads
-from specviz.engine import GenerationConfig
-from specviz.live import Progress, drain
+from specviz.bench import harness as bench
+from specviz import models
+from specviz.labs import where_it_helps
+from specviz.core.trace import GenerationConfig
+from specviz.core.progress import Progress, drain
 from specviz.presets import Preset, get_preset
-from specviz.sampling import SamplingConfig
-from specviz.viz import lab_workloads
+from specviz.core.sampling import SamplingConfig
+from specviz.viz import where_it_helps as where_it_helps_view
 
 
 def test_default_source_follows_the_pair_and_the_file():
-    assert workloads.default_source("qwen-coder", True)[0] == "bench"
-    assert workloads.default_source("qwen-coder", False)[0] == "run"  # nothing to read: run it
+    assert where_it_helps.default_source("qwen-coder", True)[0] == "bench"
+    assert where_it_helps.default_source("qwen-coder", False)[0] == "run"  # nothing to read: run it
     for fast in ("smollm2-135m", "tiny-random"):
-        source, why = workloads.default_source(fast, True)
+        source, why = where_it_helps.default_source(fast, True)
         assert source == "run" and fast in why
 
 
@@ -53,14 +55,14 @@ def bench_dir(tmp_path):
 
 
 def test_reads_a_bench_file_with_its_provenance(bench_dir):
-    path = workloads.find_bench("smollm2-135m", bench_dir)
+    path = where_it_helps.find_bench("smollm2-135m", bench_dir)
     assert path == bench_dir / "bench-smollm2-135m.csv"
-    f = workloads.read_bench(path)
+    f = where_it_helps.read_bench(path)
     assert f.pairs == ("smollm2-135m",) and f.modes("smollm2-135m") == ("greedy", "sample")
     assert f.date == "2026-11-29T10:34:24+00:00" and f.machine.startswith("Linux, AMD EPYC")
     assert f.command == "python -m specviz bench --pair smollm2-135m" and f.settings == "3 repeats"
     assert f.methods("smollm2-135m", "greedy") == ("spec-g4", "spec-g8")  # the baseline is not a bar
-    res = workloads.bench_results(f, "smollm2-135m", "spec-g4", "greedy")
+    res = where_it_helps.bench_results(f, "smollm2-135m", "spec-g4", "greedy")
     assert [r.workload for r in res.rows] == ["code", "list", "story"]  # the presets' order
     assert [r.speedup for r in res.rows] == pytest.approx([2.0, 2.5, 0.9])
     assert [r.acceptance for r in res.rows] == pytest.approx([0.9, 1.0, 0.4])
@@ -68,28 +70,28 @@ def test_reads_a_bench_file_with_its_provenance(bench_dir):
     assert res.rows[0].title == get_preset("code").title and res.rows[0].baseline_ms_per_token == pytest.approx(100.0)
     assert res.rows[0].identical is True and res.source == "bench" and "spec-g4" in res.method
     assert res.group_mean("predictable", "speedup") == pytest.approx(2.25)
-    sample = workloads.bench_results(f, "smollm2-135m", "spec-g4", "sample")
+    sample = where_it_helps.bench_results(f, "smollm2-135m", "spec-g4", "sample")
     assert [r.speedup for r in sample.rows] == pytest.approx([1.6, 2.0, 0.72])
 
 
 def test_finds_a_differently_named_file_by_its_rows_and_misses_cleanly(bench_dir, tmp_path):
     (bench_dir / "bench-smollm2-135m.csv").rename(bench_dir / "old-run.csv")
-    assert workloads.find_bench("smollm2-135m", bench_dir) == bench_dir / "old-run.csv"
-    assert workloads.find_bench("qwen-coder", bench_dir) is None
-    assert workloads.find_bench("qwen-coder", tmp_path / "missing") is None
+    assert where_it_helps.find_bench("smollm2-135m", bench_dir) == bench_dir / "old-run.csv"
+    assert where_it_helps.find_bench("qwen-coder", bench_dir) is None
+    assert where_it_helps.find_bench("qwen-coder", tmp_path / "missing") is None
 
 
 def test_a_csv_that_is_not_a_bench_file_is_a_clear_error(bench_dir):
-    with pytest.raises(workloads.BenchReadError, match="not a `specviz bench` file"):
-        workloads.read_bench(bench_dir / "notes.csv")
+    with pytest.raises(where_it_helps.BenchReadError, match="not a `specviz bench` file"):
+        where_it_helps.read_bench(bench_dir / "notes.csv")
 
 
 def test_the_shipped_qwen_benchmark_reads():
-    path = workloads.find_bench("qwen-coder")
+    path = where_it_helps.find_bench("qwen-coder")
     if path is None:
         pytest.skip("no benchmarks/bench-qwen-coder.csv in this checkout")
-    f = workloads.read_bench(path)
-    res = workloads.bench_results(f, "qwen-coder", "spec-g4", "greedy")
+    f = where_it_helps.read_bench(path)
+    res = where_it_helps.bench_results(f, "qwen-coder", "spec-g4", "greedy")
     assert res.rows and all(r.speedup and r.speedup > 0 for r in res.rows)
 
 
@@ -101,9 +103,9 @@ ALL = ("spec-g2", "spec-g4", "spec-g8", "spec-adaptive", "ngram")
     ("ngram", 4, False, ALL, "ngram"), ("model", 3, True, ("spec-g2", "spec-g4"), "spec-g4"),
 ])
 def test_default_method_is_the_closest_to_the_sidebar(drafter, gamma, adaptive, methods, want):
-    assert workloads.default_method(methods, drafter, gamma, adaptive) == want
-    assert workloads.default_method(("hf-assisted",), "model", 4, False) == "hf-assisted"
-    assert workloads.default_method((), "model", 4, False) is None
+    assert where_it_helps.default_method(methods, drafter, gamma, adaptive) == want
+    assert where_it_helps.default_method(("hf-assisted",), "model", 4, False) == "hf-assisted"
+    assert where_it_helps.default_method((), "model", 4, False) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,9 +123,9 @@ def test_run_now_measures_every_workload_and_skips_what_cannot_fit():
     too_long = Preset("huge", "creative", "Huge", "word " * 600, "does not fit")  # 3000 bytes > 2048 positions
     presets = (get_preset("code"), get_preset("story"), too_long)
     spec = GenerationConfig(max_new_tokens=12, gamma=3)
-    cfg = workloads.WorkloadsConfig("tiny-random", "model", spec, GenerationConfig(max_new_tokens=12, gamma=1),
+    cfg = where_it_helps.WorkloadsConfig("tiny-random", "model", spec, GenerationConfig(max_new_tokens=12, gamma=1),
                                     presets)
-    progress, res = _drain(workloads.workload_steps(pair, cfg))
+    progress, res = _drain(where_it_helps.workload_steps(pair, cfg))
     assert all(isinstance(p, Progress) for p in progress)
     done = [p.done for p in progress]
     assert done == sorted(done) and done[-1] <= progress[-1].total == 12 * 6
@@ -134,30 +136,30 @@ def test_run_now_measures_every_workload_and_skips_what_cannot_fit():
         assert r.identical is True  # greedy: speculative text == target alone
     assert len(res.skipped) == 1 and res.skipped[0].startswith("Huge") and "tokens" in res.skipped[0]
     assert res.source == "run" and "γ = 3" in res.method and res.target_step_ms > 0
-    assert hash(cfg) == hash(workloads.WorkloadsConfig("tiny-random", "model", spec,
+    assert hash(cfg) == hash(where_it_helps.WorkloadsConfig("tiny-random", "model", spec,
                                                        GenerationConfig(max_new_tokens=12, gamma=1), presets))
 
 
 def test_method_words_say_the_settings():
     sampled = GenerationConfig(max_new_tokens=32, gamma=6, adaptive=True,
                                sampling=SamplingConfig(mode="sample", temperature=0.7))
-    words = workloads.method_words("model", sampled)
+    words = where_it_helps.method_words("model", sampled)
     assert "adaptive γ ≤ 6" in words and "T = 0.7" in words and "32" in words
-    assert "prompt-lookup" in workloads.method_words("ngram", GenerationConfig())
+    assert "prompt-lookup" in where_it_helps.method_words("ngram", GenerationConfig())
 
 
 # ---------------------------------------------------------------------------------------------
 # the bars
 
 
-def _wrow(wl: str, group: str, speed: float | None, acc: float | None) -> workloads.WorkloadRow:
-    return workloads.WorkloadRow(wl, wl.title(), group, speed, acc, 2.0, 100.0, 150.0, 32.0, True)
+def _wrow(wl: str, group: str, speed: float | None, acc: float | None) -> where_it_helps.WorkloadRow:
+    return where_it_helps.WorkloadRow(wl, wl.title(), group, speed, acc, 2.0, 100.0, 150.0, 32.0, True)
 
 
 def test_bars_show_speedup_with_a_no_gain_line_and_acceptance_by_group():
     rows = [_wrow("code", "predictable", 1.8, 0.9), _wrow("list", "predictable", 2.2, 1.0),
             _wrow("story", "creative", 0.9, 0.35), _wrow("poem", "creative", None, None)]
-    fig = lab_workloads.workload_bars(rows, "d2", 13)
+    fig = where_it_helps_view.workload_bars(rows, "d2", 13)
     assert isinstance(fig, go.Figure)
     bars = [t for t in fig.data if t.type == "bar"]
     assert len(bars) == 4  # two groups × two panels
@@ -172,5 +174,5 @@ def test_bars_show_speedup_with_a_no_gain_line_and_acceptance_by_group():
     assert any(a.text == "1× = no gain" for a in fig.layout.annotations)
     assert fig.layout.yaxis.title.text == "speed-up (×)" and "acceptance" in fig.layout.yaxis2.title.text
     assert fig.layout.xaxis.title.text == "workload"
-    kids = lab_workloads.workload_bars(rows, "d1")
+    kids = where_it_helps_view.workload_bars(rows, "d1")
     assert {t.name for t in kids.data} == {"easy to guess", "hard to guess"}

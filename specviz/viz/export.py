@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from specviz.engine import Generation
-from specviz.metrics import summarize
+from specviz.core.trace import Generation
+from specviz.core.metrics import summarize
 
 CSV_COLUMNS = (
     "round", "position", "slot", "kind", "token_id", "token_text", "p_target", "q_draft",

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from specviz.engine import RoundTrace
-from specviz.metrics import acceptance_rate, tokens_per_target_call
+from specviz.core.trace import RoundTrace
+from specviz.core.metrics import acceptance_rate, tokens_per_target_call
 
 Phase = Literal["draft", "verify", "final"]
 SegmentKind = Literal["accepted", "correction", "bonus", "target", "pending"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from specviz.engine import RoundTrace
+from specviz.core.trace import RoundTrace
 from specviz.viz.playback import LaneState, Segment
 
 Labels = Mapping[str, str]

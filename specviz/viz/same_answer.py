@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from specviz.lossless import GreedyComparison, HistogramRow
-from specviz.viz.figures import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label
+from specviz.labs.same_answer import GreedyComparison, HistogramRow
+from specviz.viz.watch import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label
 from specviz.viz.strip import VISIBLE, esc
 
 Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words

@@ -6,8 +6,8 @@ import statistics
 
 import plotly.graph_objects as go
 
-from specviz.verify_cost import BatchEffect, PassCost
-from specviz.viz.figures import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, _layout
+from specviz.labs.why_cheap import BatchEffect, PassCost
+from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, _layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere
 

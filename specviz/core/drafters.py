@@ -8,8 +8,8 @@ from typing import Protocol
 
 import torch
 
-from specviz.kv import CachedLM
-from specviz.sampling import SamplingConfig, logits_to_probs, sample_from
+from specviz.core.kv import CachedLM
+from specviz.core.sampling import SamplingConfig, logits_to_probs, sample_from
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from specviz import metrics
-from specviz.bench import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
-from specviz.drafters import make_drafter
-from specviz.engine import Generation, GenerationConfig, autoregressive_generate, speculative_generate
-from specviz.live import Progress, with_progress
+from specviz.core import metrics
+from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
+from specviz.core.drafters import make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import Generation, GenerationConfig
+from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.settings import prompt_problem
+from specviz.app.settings import prompt_problem
 
 Source = Literal["run", "bench"]
-BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 # Pairs too slow on the 2-core CPU to run twelve generations while a class waits: qwen-coder's 1.5B
 # target takes ~300 ms per token, so six workloads × (baseline + speculative) × 64 tokens is ~4 minutes.
 SLOW_PAIRS = frozenset({"qwen-coder"})

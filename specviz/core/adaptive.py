@@ -5,10 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # engine imports this module; the traces are only read here
-    from specviz.engine import RoundTrace
+from specviz.core.trace import RoundTrace
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ class GammaPolicy:
         self.plain_goal = 0  # while > 0 drafting is off until this many plain rounds ran
         self.since = 0  # only drafting rounds from this index on are judged (reset at each probe)
 
-    def __call__(self, rounds: Sequence["RoundTrace"]) -> int:
+    def __call__(self, rounds: Sequence[RoundTrace]) -> int:
         cfg = self.cfg
         if self.plain_goal:
             if _trailing_plain(rounds) < self.plain_goal:
@@ -73,7 +71,7 @@ class GammaPolicy:
         return 0
 
 
-def _trailing_plain(rounds: Sequence["RoundTrace"]) -> int:
+def _trailing_plain(rounds: Sequence[RoundTrace]) -> int:
     n = 0
     for r in reversed(rounds):
         if r.draft_ids:

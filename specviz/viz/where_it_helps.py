@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.viz.figures import PLAIN_COLOUR
-from specviz.workloads import WorkloadRow
+from specviz.viz.watch import PLAIN_COLOUR
+from specviz.labs.where_it_helps import WorkloadRow
 
 # Okabe–Ito: bluish green for predictable text, reddish purple (and a hatch) for creative text
 GROUP_STYLE: dict[str, tuple[str, str]] = {"predictable": ("#009E73", ""), "creative": ("#CC79A7", "/")}

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from specviz.engine import GAMMA_RANGE, GenerationConfig
-from specviz.sampling import SamplingConfig
+from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.sampling import SamplingConfig
 
 Level = Literal["d1", "d2", "d5"]
 DrafterName = Literal["model", "ngram"]
@@ -34,7 +34,7 @@ class Settings:
     top_p: float = 0.95  # only used when sampling
     seed: int = 0  # only used when sampling: same seed, same dice
     gamma: int = 4  # draft length γ: tokens guessed per round (the ceiling when adaptive)
-    adaptive: bool = False  # let the engine choose 0..γ each round (specviz.adaptive)
+    adaptive: bool = False  # let the engine choose 0..γ each round (specviz.core.adaptive)
     max_new_tokens: int = 64  # stop after this many new tokens
     presenter: bool = False  # large type for a projector
 

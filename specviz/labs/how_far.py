@@ -9,13 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from specviz import metrics
-from specviz.drafters import make_drafter
-from specviz.engine import (
-    GAMMA_RANGE, Generation, GenerationConfig, GenIter, RoundTrace, autoregressive_generate, speculative_generate,
-)
-from specviz.live import Progress, with_progress
-from specviz.sampling import SamplingConfig
+from specviz.core import metrics
+from specviz.core.drafters import make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GAMMA_RANGE, Generation, GenerationConfig, RoundTrace
+from specviz.core.progress import Progress, with_progress
+from specviz.core.sampling import SamplingConfig
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))

@@ -18,19 +18,22 @@ from typing import Any
 import streamlit as st
 
 from specviz import models
-from specviz.drafters import ModelDrafter, make_drafter
-from specviz.engine import GAMMA_RANGE, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
+from specviz.core.progress import drain
+from specviz.core.drafters import ModelDrafter, make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.lessons import has_lesson, lesson
 from specviz.presets import GROUP_TITLES, presets_in
-from specviz.live import Job, JobSteps, JobView, PairStore, Runner, RunnerBusy
-from specviz.settings import (
+from specviz.app.runner import Job, JobView, PairStore, Runner, RunnerBusy
+from specviz.core.progress import JobSteps
+from specviz.app.settings import (
     LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
     clean_prompt, parse_query, to_query,
 )
 
 log = logging.getLogger("specviz.app")
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-APP_SCRIPT = Path(__file__).resolve().parent.parent / "app.py"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 TEST_PAIR = "tiny-random"
 K = "cfg."  # session_state prefix of the sidebar's widgets
 DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)"}
@@ -55,8 +58,8 @@ def _load(name: str, progress: Any) -> models.LoadedPair:
     progress(0.96, "warming up (one short run, so the first timing is fair)")
     ids = list(pair.tokenizer(WARMUP_TEXT)["input_ids"])
     config = GenerationConfig(max_new_tokens=6, gamma=4)
-    run_to_end(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
-    run_to_end(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
+    drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
+    drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
     gc.collect()
     gc.freeze()  # the models' objects are permanent: later collections need not walk them (shorter GIL pauses)
     progress(1.0, "ready")

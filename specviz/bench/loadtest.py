@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 JSON_KEY = "watch.json"
 RACE_KEY = "watch.race_go"  # drawn only once both runs (speculative and plain) are done
 # What pupils type: different prompts, so every session queues its own runs (a shared prompt would
@@ -369,14 +369,16 @@ def _fetch_json(url: str) -> dict[str, object]:
 def greedy_reference(pair_name: str, max_new_tokens: int) -> Callable[[str], tuple[int, ...]]:
     """Target-only greedy tokens of one prompt, computed alone in this process (the single-session answer)."""
     from specviz import models
-    from specviz.engine import GenerationConfig, autoregressive_generate, run_to_end
+    from specviz.core.progress import drain
+    from specviz.core.engine import autoregressive_generate
+    from specviz.core.trace import GenerationConfig
 
     pair = models.load_pair(pair_name)
     config = GenerationConfig(max_new_tokens=max_new_tokens, gamma=1)
 
     def reference(prompt: str) -> tuple[int, ...]:
         ids = list(pair.tokenizer(prompt)["input_ids"])
-        return tuple(run_to_end(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids)).tokens)
+        return tuple(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids)).tokens)
 
     return reference
 

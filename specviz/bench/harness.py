@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 import torch
 
-from specviz import metrics
-from specviz.drafters import make_drafter
-from specviz.engine import Generation, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate
-from specviz.sampling import SamplingConfig
+from specviz.core.progress import drain
+from specviz.core import metrics
+from specviz.core.drafters import make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import Generation, GenerationConfig
+from specviz.core.sampling import SamplingConfig
 
 Mode = Literal["greedy", "sample"]
 Progress = Callable[[float, str], None]
@@ -75,7 +77,7 @@ WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
 @dataclass(frozen=True)
 class Method:
-    """One way of generating: ours (specviz.engine) or transformers' generate."""
+    """One way of generating: ours (specviz.core.engine) or transformers' generate."""
 
     name: str
     family: Literal["ours", "hf"]
@@ -261,7 +263,7 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     else:
         drafter = make_drafter(method.drafter, pair.draft if method.drafter == "model" else None, adaptive=method.adaptive)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
-    gen = run_to_end(steps)
+    gen = drain(steps)
     _sync(pair.device)
     return gen
 

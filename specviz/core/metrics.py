@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specviz.engine import Generation, RoundTrace
+from specviz.core.trace import Generation, RoundTrace
 
 
 def acceptance_rate(rounds: Sequence[RoundTrace]) -> float | None:

@@ -13,13 +13,12 @@ import torch
 from scipy.stats import chi2 as chi2_dist
 from scipy.stats import chisquare
 
-from specviz.drafters import Draft, Drafter, DraftSession, NgramDrafter, _fit_vocab
-from specviz.engine import (
-    AcceptRule, GenerationConfig, TokenTexts, autoregressive_generate, run_to_end, speculative_generate,
-)
-from specviz.kv import CachedLM
-from specviz.live import Progress, drain, with_progress
-from specviz.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
+from specviz.core.drafters import Draft, Drafter, DraftSession, NgramDrafter, _fit_vocab
+from specviz.core.engine import AcceptRule, TokenTexts, autoregressive_generate, speculative_generate
+from specviz.core.trace import GenerationConfig
+from specviz.core.kv import CachedLM
+from specviz.core.progress import Progress, drain, with_progress
+from specviz.core.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
 
 RuleName = Literal["exact", "topk"]
 RULE_TITLES: dict[str, str] = {
@@ -379,7 +378,7 @@ def reference_job(target: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 0, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=cfg.n_tokens, gamma=1, sampling=replace(cfg.sampling, seed=seed),
                               trace_top_n=1, stop_at_eos=False)
-        g = run_to_end(autoregressive_generate(target, tokenizer, prompt_ids, gc, (), target_probs=memo))
+        g = drain(autoregressive_generate(target, tokenizer, prompt_ids, gc, (), target_probs=memo))
         seqs.append(g.tokens[: cfg.n_tokens])
         if (i + 1) % _every(cfg.n_samples) == 0:
             yield Progress(i + 1, cfg.n_samples, f"target alone: {i + 1}/{cfg.n_samples} samples")
@@ -411,7 +410,7 @@ def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, toke
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 1, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=max(2, cfg.n_tokens), gamma=spec.gamma, sampling=replace(cfg.sampling, seed=seed),
                               trace_top_n=1, stop_at_eos=False)
-        g = run_to_end(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=memo))
+        g = drain(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=memo))
         seqs.append(g.tokens[: cfg.n_tokens])
         drafted += g.drafted
         accepted += g.accepted
@@ -486,7 +485,7 @@ def histogram_rows(law: ExactLaw, target: SampleCounts, spec: SampleCounts, top:
 
 
 # ------------------------------------------------------------------------------------------
-# Command line: the page's measurement on a real pair, printed (python -m specviz.lossless)
+# Command line: the page's measurement on a real pair, printed (python -m specviz.labs.same_answer)
 # ------------------------------------------------------------------------------------------
 
 
@@ -494,11 +493,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print greedy identity and the sampling test (exact rule and top-k shortcut) for one pair and prompt."""
     import argparse
 
-    from specviz.drafters import make_drafter
+    from specviz.core.drafters import make_drafter
     from specviz.models import load_pair
     from specviz.presets import get_preset
 
-    ap = argparse.ArgumentParser(prog="python -m specviz.lossless", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m specviz.labs.same_answer", description=main.__doc__)
     ap.add_argument("--pair", default="smollm2-135m")
     ap.add_argument("--preset", default="story")
     ap.add_argument("--samples", type=int, default=2000)

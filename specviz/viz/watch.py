@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from specviz.engine import RoundTrace, TopDist
-from specviz.metrics import best_gamma, expected_speedup
+from specviz.core.trace import RoundTrace, TopDist
+from specviz.core.metrics import best_gamma, expected_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
 from specviz.viz.strip import token_label
 

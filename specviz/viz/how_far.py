@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.gamma_lab import Curves, GammaPoint
-from specviz.viz.figures import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR
+from specviz.labs.how_far import Curves, GammaPoint
+from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR
 
 MEASURED_COLOUR = "#D55E00"  # Okabe–Ito vermillion: the measured points
 CUSTOM_COLOUR = "#CC79A7"  # reddish purple: the sliders' curves

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -19,16 +18,15 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specviz.drafters import ModelDrafter
-from specviz.engine import (
-    GAMMA_RANGE, Generation, GenerationConfig, autoregressive_generate, run_to_end, speculative_generate,
-)
-from specviz.live import Progress, drain, with_progress
-from specviz.metrics import (
+from specviz.core.drafters import ModelDrafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.progress import Progress, drain, with_progress
+from specviz.core.metrics import (
     acceptance_rate, expected_speedup_at_cost, measured_c, measured_speedup, target_ms_per_step,
     tokens_per_target_call,
 )
-from specviz.sampling import SamplingConfig
+from specviz.core.sampling import SamplingConfig
 
 # A fixed context, prefilled once into the KV cache before any timed pass (about 90 tokens of code):
 # the passes then look like decoding steps in the middle of a real generation, not like a prefill.
@@ -50,8 +48,8 @@ BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8)
 REPEATS_RANGE = (1, 15)
 NOISY_SPREAD = 1.5  # slowest ÷ fastest repeat above this: something else used the machine during the run
 MEMORY_RESERVE = 1 << 30  # bytes a batch must leave free: the app, the browser and other sessions share RAM
-# Where GPU figures measured with this same code go (`python -m specviz.verify_cost --device cuda --json`).
-GPU_FIGURES = Path(__file__).resolve().parent.parent / "assets" / "verify_cost_gpu.json"
+# Where GPU figures measured with this same code go (`python -m specviz.labs.why_cheap --device cuda --json`).
+GPU_FIGURES = Path(__file__).resolve().parents[2] / "assets" / "verify_cost_gpu.json"
 
 Ids = Sequence[int]
 Available = Callable[[torch.device], int]
@@ -372,7 +370,7 @@ def measure_batch_effect(target: torch.nn.Module, draft: torch.nn.Module, tokeni
     gen = GenerationConfig(max_new_tokens=n_run, gamma=config.gamma, sampling=config.sampling, stop_at_eos=False)
     yield Progress(0, total, "warming up both models (a two-token run, not timed)")
     warm = GenerationConfig(max_new_tokens=2, gamma=config.gamma, sampling=config.sampling, stop_at_eos=False)
-    run_to_end(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, warm, eos_ids))
+    drain(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, warm, eos_ids))
     spec = yield from with_progress(speculative_generate(target, ModelDrafter(draft), tokenizer, ids, gen, eos_ids),
                              0, total, "short speculative run (measures α)", n_run)
     plain = yield from with_progress(autoregressive_generate(target, tokenizer, ids, gen, eos_ids),
@@ -482,7 +480,7 @@ def load_reference(path: Path = GPU_FIGURES) -> Reference | None:
 
 
 # ------------------------------------------------------------------------------------------
-# Command line: python -m specviz.verify_cost --pair qwen-coder --device cpu --json
+# Command line: python -m specviz.labs.why_cheap --pair qwen-coder --device cpu --json
 # ------------------------------------------------------------------------------------------
 
 
@@ -499,7 +497,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     from specviz.cli import _Parser
 
-    p = _Parser(prog="python -m specviz.verify_cost",
+    p = _Parser(prog="python -m specviz.labs.why_cheap",
                 description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
                 "speculative decoding's speed-up (the measurement of the app's 'Why checking is cheap' page).")
     p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")

@@ -1,0 +1,1 @@
+"""The side-by-side benchmark (ours vs transformers vs plain decoding) and the classroom load test."""

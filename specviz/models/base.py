@@ -1,0 +1,48 @@
+"""What every model source shares: the one-line PairError, the progress callback and out-of-memory as an error."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+Progress = Callable[[float, str], None]
+
+
+class PairError(Exception):
+    """A user-facing loading failure; its message is one clear line."""
+
+
+def _no_progress(fraction: float, message: str) -> None:
+    """Default progress sink."""
+
+
+def _span(report: Progress, lo: float, hi: float) -> Progress:
+    """Map a sub-step's 0..1 onto lo..hi of the caller's bar."""
+    return lambda f, msg: report(lo + (hi - lo) * min(max(f, 0.0), 1.0), msg)
+
+
+@contextlib.contextmanager
+def _oom_as_pair_error(what: str) -> Iterator[None]:
+    """Out of memory becomes one line the app can show."""
+    try:
+        yield
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        raise PairError(f"out of memory while loading {what}: close other programs or pick a smaller pair") from e
+    except RuntimeError as e:
+        if "alloc" in str(e).lower() or "out of memory" in str(e).lower():
+            raise PairError(f"out of memory while loading {what}: close other programs or pick a smaller pair") from e
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    """The first non-empty line of an exception message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else "no details"
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """Device of a model's first parameter."""
+    return next(model.parameters()).device
