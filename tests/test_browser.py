@@ -204,3 +204,28 @@ def test_every_lab_page_runs_in_chromium(server):
                 _shot(page, f"lab-{path}.png")
         finally:
             browser.close()
+
+
+def test_a_link_naming_server_folders_is_refused_in_chromium(server):
+    """A shared link that asks the server to open its own folders gets one note; no path comes back, nothing loads."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.set_default_timeout(120_000)
+            expect.set_options(timeout=120_000)
+            # why_cheap loads no model until a button is pressed: the refused link alone is tested
+            page.goto(f"{server}/why_cheap?pair={quote('hf:/etc,/root')}&autoplay=1")
+            expect(page.get_by_text("This server runs only the model pairs its operator chose")).to_be_visible()
+            expect(page.get_by_text("Explanation level")).to_be_visible()
+            page.wait_for_timeout(1000)
+            _no_exception(page)
+            shown = page.locator("body").inner_text()
+            assert "/etc" not in shown and "/root" not in shown and "hf:" not in shown
+            _shot(page, "refused-link.png")
+        finally:
+            browser.close()
