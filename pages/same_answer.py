@@ -232,7 +232,7 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
               icon=":material/casino:", on_click=_request, args=("sample_req",), disabled=bool(problem))
     if problem:
         st.info(problem, icon=":material/edit:")
-    if ss.pop(P + "sample_req", False) and not problem:
+    if ss.pop(P + "sample_req", False) and not problem and ui.room_for(ref_key, spec_key):  # both or neither
         job_ids = list(ids)
         ref = ui.submit_job(ref_key, lambda: same_answer.reference_job(pair.target, pair.tokenizer, job_ids, cfg))
         sj = ui.submit_job(spec_key, lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, job_ids,

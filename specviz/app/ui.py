@@ -387,6 +387,16 @@ def _room_for(*keys: tuple[Any, ...]) -> None:
                         "they go first, then press again (other tabs count too)")
 
 
+def room_for(*keys: tuple[Any, ...]) -> bool:
+    """Whether this browser may queue all of `keys` together; if not, say so on the page."""
+    try:
+        _room_for(*keys)
+    except RunnerBusy as exc:
+        st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
+        return False
+    return True
+
+
 def job(key: tuple[Any, ...]) -> Job | None:
     return runner().get(key)
 
