@@ -20,12 +20,17 @@ log = logging.getLogger("specviz.models")
 
 GIB = 1 << 30
 FP32 = 4  # bytes per weight: every model is loaded in fp32 (the int8 draft is quantized after loading)
-# Peak RSS of a whole `load_pair` (both models, warm-up not included), measured on this project's
-# 2-core CPU machine with `python /tmp/i14_peak.py NAME` (resource.getrusage peak), from the cache.
+# What one `load_pair(NAME)` from the cache adds to a process: peak RSS of a fresh process that loads it,
+# less what importing torch and transformers already holds (the check runs in such a process).
+# Measured on this project's 2-core CPU machine on 2026-12-01 with
+#   python -c "import resource; from specviz.models import load_pair; load_pair('NAME');
+#              print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, 'MB')"
+# which printed 385 MB (tiny-random: almost all of it the imports), 1940 MB and 11312 MB.
+BASE_MB = 385
 MEASURED_PEAK: dict[str, int] = {
-    "tiny-random": GIB // 2,  # measured 0.38 GB
-    "smollm2-135m": 2 * GIB,  # measured 1.94 GB
-    "qwen-coder": int(10.5 * GIB),
+    "tiny-random": 64 << 20,
+    "smollm2-135m": (1940 - BASE_MB) << 20,
+    "qwen-coder": (11312 - BASE_MB) << 20,  # 10263 MB resident once loaded (the draft quantized to int8)
 }
 LOAD_FACTOR = 1.25  # peak ÷ fp32 weights while from_pretrained reads a folder (buffers, the tied head)
 RUNTIME = GIB // 2  # Python, torch, tokenizer and a KV cache for a short demo run
