@@ -89,6 +89,11 @@ class RunnerBusy(RuntimeError):
 class OwnerBusy(RunnerBusy):
     """This browser already has its share of waiting runs: ten tabs cannot push a class back ten places."""
 
+    @classmethod
+    def waiting(cls, n: int) -> OwnerBusy:
+        return cls(f"this browser already has {n} runs waiting for the model; they go first, then press again "
+                   "(other tabs count too)")
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -208,8 +213,7 @@ class Runner:
                 raise RunnerBusy(f"{len(self._pending)} runs are already waiting for the model; "
                                  "please try again in a minute")
             if owner is not None and owner_limit is not None and self._waiting(owner) >= owner_limit:
-                raise OwnerBusy(f"this browser already has {self._waiting(owner)} runs waiting for the model; "
-                                "they go first, then press again (other tabs count too)")
+                raise OwnerBusy.waiting(self._waiting(owner))
             job = self._jobs[key] = Job(key, make, owner)
             self._evict()
             self._pending.append(job)

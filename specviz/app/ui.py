@@ -196,10 +196,10 @@ def _pair_caption(name: str) -> str:
     except models.PairError as exc:
         return str(exc)
     view = pair_store().peek(name)
-    state = "loaded ✓" if view and view.status == "ready" else f"Load cost: {spec.load_cost}"
+    ready = view is not None and view.status == "ready"
     if name not in models.PAIR_NAMES:  # an operator's hub or folder pair: its description would show where it lives
-        return f"A model pair added by this server's operator.  \n**{'loaded ✓' if 'loaded' in state else 'not loaded yet'}**"
-    return f"{spec.description}  \n**{state}**"
+        return f"A model pair added by this server's operator.  \n**{'loaded ✓' if ready else 'not loaded yet'}**"
+    return f"{spec.description}  \n**{'loaded ✓' if ready else f'Load cost: {spec.load_cost}'}**"
 
 
 def sidebar_settings() -> Settings:
@@ -382,9 +382,8 @@ def _room_for(*keys: tuple[Any, ...]) -> None:
     """Raise OwnerBusy unless this browser may queue all of `keys` (so a run never waits without its baseline)."""
     new = sum(1 for k in keys if (j := runner().get(k)) is None or j.view().state in ("failed", "cancelled"))
     limit, owner = current_policy().waiting_per_browser, owner_id()
-    if new and runner().waiting(owner) + new > limit:
-        raise OwnerBusy(f"this browser already has {runner().waiting(owner)} runs waiting for the model; "
-                        "they go first, then press again (other tabs count too)")
+    if new and (waiting := runner().waiting(owner)) + new > limit:
+        raise OwnerBusy.waiting(waiting)
 
 
 def room_for(*keys: tuple[Any, ...]) -> bool:
