@@ -14,7 +14,7 @@ from specviz.lessons import labels, lesson
 from specviz.app.runner import JobView, RunnerBusy
 from specviz.core.metrics import summarize
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.app.settings import Settings, prompt_problem
+from specviz.app.settings import Settings, prompt_problem, shown
 from specviz.viz import export
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
@@ -45,7 +45,7 @@ def _init_state() -> None:
     preset = get_preset(url_preset or "") or get_preset(DEFAULT_PRESET)
     notes: list[str] = []
     if url_preset and not get_preset(url_preset):
-        notes.append(f"Unknown preset `{url_preset}` in the link; showing the code example.")
+        notes.append(f"Unknown preset `{shown(url_preset)}` in the link; showing the code example.")
     ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
     if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
         notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
@@ -54,7 +54,7 @@ def _init_state() -> None:
     ss.setdefault(P + "playing", False)
     speed = ui.read_query("speed")
     if speed is not None and speed not in SPEEDS:
-        notes.append(f"Ignored `speed={speed}` in the link: choose one of {', '.join(SPEEDS)}.")
+        notes.append(f"Ignored `speed={shown(speed)}` in the link: choose one of {', '.join(SPEEDS)}.")
     ss[P + "speed"] = speed if speed in SPEEDS else "normal"
     if ui.read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
         _request_play()

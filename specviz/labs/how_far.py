@@ -15,6 +15,7 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GAMMA_RANGE, Generation, GenerationConfig, RoundTrace
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
+from specviz.app.settings import MAX_NEW_RANGE
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
@@ -40,6 +41,8 @@ class SweepConfig:
             raise ValueError(f"every γ must be in {lo}..{hi}, got {self.gammas}")
         if tuple(sorted(set(self.gammas))) != self.gammas:
             raise ValueError(f"γ values must be sorted and unique, got {self.gammas} (use make_sweep_config)")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_RANGE[1]:  # the app's bound, held here on the server too
+            raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {self.max_new_tokens}")
 
     def spec_config(self, gamma: int) -> GenerationConfig:
         """Fixed γ, never adaptive: the lab asks what each γ does on its own."""

@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from specviz.core.drafters import Draft, Drafter, DraftSession, NgramDrafter, _fit_vocab
 from specviz.core.engine import AcceptRule, TokenTexts, autoregressive_generate, speculative_generate
-from specviz.core.trace import GenerationConfig
+from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.kv import CachedLM
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
@@ -27,6 +27,7 @@ RULE_TITLES: dict[str, str] = {
 }
 TOKENS_RANGE = (1, 3)  # how many next tokens one sample is made of
 SAMPLES_RANGE = (100, 5000)
+TOP_K_RANGE = (1, 10)  # the wrong rule's k: beyond 10 the shortcut barely differs from "accept everything"
 MIN_EXPECTED = 5.0  # chi-square bins need this many expected draws; rarer sequences pool into "other"
 MAX_BINS = 400  # enough for 5000 draws at 5 expected each (the test stays valid, the enumeration bounded)
 MEMO_BYTES = 256 * 2**20  # per memo: ~1300 rows of SmolLM2's 49k vocabulary, ~440 of Qwen's 152k
@@ -260,8 +261,8 @@ class SampleConfig:
         lo, hi = TOKENS_RANGE
         if not lo <= self.n_tokens <= hi:
             raise ValueError(f"tokens per sample must be in {lo}..{hi}, got {self.n_tokens}")
-        if self.n_samples < 1:
-            raise ValueError(f"the number of samples must be >= 1, got {self.n_samples}")
+        if not 1 <= self.n_samples <= SAMPLES_RANGE[1]:  # enforced here, on the server, not only by the slider
+            raise ValueError(f"the number of samples must be in 1..{SAMPLES_RANGE[1]}, got {self.n_samples}")
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,13 @@ class SpecConfig:
     drafter: str = "model"  # "model" or "ngram"
     rule: RuleName = "exact"
     top_k: int = 3  # only for the "topk" rule
+
+    def __post_init__(self) -> None:
+        lo, hi = GAMMA_RANGE
+        if not lo <= self.gamma <= hi:
+            raise ValueError(f"gamma must be in {lo}..{hi}, got {self.gamma}")
+        if self.rule == "topk" and not TOP_K_RANGE[0] <= self.top_k <= TOP_K_RANGE[1]:
+            raise ValueError(f"k must be in {TOP_K_RANGE[0]}..{TOP_K_RANGE[1]}, got {self.top_k}")
 
 
 @dataclass(frozen=True)

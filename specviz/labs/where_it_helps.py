@@ -17,7 +17,7 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.app.settings import prompt_problem
+from specviz.app.settings import MAX_NEW_RANGE, prompt_problem
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -77,6 +77,11 @@ class WorkloadsConfig:
     spec: GenerationConfig  # the sidebar's speculative settings (γ, adaptive, decoding, max new tokens)
     baseline: GenerationConfig  # the same decoding, target alone
     presets: tuple[Preset, ...] = PRESETS  # the workloads, in display order
+
+    def __post_init__(self) -> None:
+        for cfg in (self.spec, self.baseline):  # the app's bound, held here on the server too
+            if cfg.max_new_tokens > MAX_NEW_RANGE[1]:
+                raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {cfg.max_new_tokens}")
 
     @property
     def runs(self) -> int:
@@ -214,7 +219,8 @@ def read_bench(path: Path) -> BenchFile:
     try:
         frame = pd.read_csv(path)
     except (OSError, ValueError) as exc:
-        raise BenchReadError(f"{path.name} could not be read: {exc}") from exc
+        # the reason (it may hold the server's path) stays in the traceback for the log, not in the page's line
+        raise BenchReadError(f"{path.name} could not be read as a table") from exc
     missing = [c for c in NEEDED_COLUMNS + ("pair",) if c not in frame.columns]
     if missing:
         raise BenchReadError(f"{path.name} is not a `specviz bench` file (missing {', '.join(missing)}; "

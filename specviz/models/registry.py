@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from specviz.models.base import PairError, Progress, _first_line, _no_progress
+from specviz.models.fit import check_fit
 from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
@@ -113,6 +114,7 @@ def load_pair(
 ) -> LoadedPair:
     """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps."""
     spec = get_spec(name)
+    check_fit(spec.name)  # before any file is read: a pair that cannot fit is refused, nothing half-loaded
     report = progress or _no_progress
     dev = _resolve_device(device)
     precision = _resolve_precision(spec.draft_precision if draft_precision is None else draft_precision, dev)
