@@ -64,14 +64,14 @@ def add_pair_arguments(p: argparse.ArgumentParser) -> None:
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     """The generation settings shared by generate and bench."""
     p.add_argument("--prompt", required=True, help="raw text to continue (no chat template)")
-    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy", help="greedy (argmax) or sample")
+    p.add_argument("--mode", choices=limits.MODES, default="greedy", help="greedy (argmax) or sample")
     p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
     p.add_argument("--temperature", type=float, default=1.0, help="sample mode: > 0 (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of this request's random generator (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens at most (default 64)")
-    p.add_argument("--drafter", choices=("model", "ngram"), default="model",
+    p.add_argument("--drafter", choices=limits.DRAFTER_KINDS, default="model",
                    help="model: the pair's draft model; ngram: prompt lookup, no second model")
 
 

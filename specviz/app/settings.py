@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from specviz.core.drafters import DRAFTER_KINDS as DRAFTERS
-from specviz.core.drafters import DrafterKind as DrafterName
+from specviz.core.limits import DRAFTER_KINDS as DRAFTERS
+from specviz.core.limits import DrafterKind as DrafterName
 from specviz.core.limits import APP_MAX_NEW_RANGE as MAX_NEW_RANGE
 from specviz.core.limits import GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from specviz.core.sampling import SamplingConfig

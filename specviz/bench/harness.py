@@ -20,10 +20,10 @@ from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.sampling import SamplingConfig
+from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
 
 Mode = Literal["greedy", "sample"]
-LoadProgress = Callable[[float, str], None]  # models.load_pair's (fraction, message) callback
 
 SAMPLE_TEMPERATURE = 0.7  # the sampling mode's temperature (top-k off, top-p 1: the plain tempered p)
 WARMUP_TOKENS = 8  # untimed warm-up run per method before the repeats of each (pair, workload, mode)

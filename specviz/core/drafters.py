@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from specviz.core.kv import CachedLM
+from specviz.core.limits import DRAFTER_KINDS
 from specviz.core.sampling import SamplingConfig, logits_to_probs, sample_from
 
 
@@ -161,8 +162,6 @@ class NgramDrafter:
         return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)
 
 
-DrafterKind = Literal["model", "ngram"]
-DRAFTER_KINDS: tuple[DrafterKind, ...] = ("model", "ngram")  # the one list of drafter names (CLI, app, labs)
 ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transformers defaults to 0.4)
 # Measured on the 2-core CPU with qwen-coder's 1.5B target, relative to a one-token step: a pass
 # over 2 or 3 new tokens costs 2.1x and 3.0x, over 4 to 17 only 1.9-2.4x (the matrix kernel for so

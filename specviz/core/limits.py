@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 GAMMA_RANGE = (1, 16)  # draft length γ: tokens guessed per round (the ceiling when adaptive)
 MAX_NEW_MIN = 1  # new tokens: the engine's floor; the pair's context is the CLI's only ceiling
@@ -13,7 +14,9 @@ SEED_RANGE = (0, 2**31 - 1)  # a torch.Generator seed the app's number box and U
 SAMPLES_RANGE = (100, 5000)  # the Same answer lab: draws per method (fewer cannot reject anything)
 SAMPLE_TOKENS_RANGE = (1, 3)  # the Same answer lab: how many next tokens one sample is made of
 REPEATS_RANGE = (1, 15)  # the Why checking is cheap lab: timed passes per point (median reported)
-MODES = ("greedy", "sample")
+MODES = ("greedy", "sample")  # argmax, or a draw from the tempered distribution
+DrafterKind = Literal["model", "ngram"]
+DRAFTER_KINDS: tuple[DrafterKind, ...] = ("model", "ngram")  # the small draft model, or prompt lookup (no second model)
 
 
 def check_within(what: str, value: float, lo: float, hi: float) -> None:
