@@ -8,13 +8,13 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import asdict
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, NoReturn
 
-PROG = "specviz"
-from specviz.core import limits  # plain Python: checks run before torch is imported
+from specviz.core import limits  # plain Python: every check runs before torch is imported
 
+PROG = "specviz"
 GAMMA_MIN, GAMMA_MAX = limits.GAMMA_RANGE
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
 WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
@@ -542,8 +542,6 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_why_cheap(sub: argparse._SubParsersAction) -> None:
-    from specviz.labs.why_cheap import BATCH_SIZES, PASS_KS
-
     p = sub.add_parser(
         "why-cheap", help="time one target pass over 1..16 new tokens, and the batch effect on the speed-up",
         description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
@@ -552,8 +550,9 @@ def add_why_cheap(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
     p.add_argument("--repeats", type=int, default=5, help="timed passes per point, median reported (default 5)")
-    p.add_argument("--ks", type=_ints, default=PASS_KS, help="new tokens per pass (default 1,2,4,8,16)")
-    p.add_argument("--batches", type=_ints, default=BATCH_SIZES,
+    # defaults None: the lab's own (importing the lab here would load torch for every command's --help)
+    p.add_argument("--ks", type=_ints, default=None, help="new tokens per pass (default 1,2,4,8,16)")
+    p.add_argument("--batches", type=_ints, default=None,
                    help="batch sizes (default 1,2,4,8; a GPU can take e.g. 1,2,4,8,16,32,64,128)")
     p.add_argument("--gamma", type=int, default=4, help="draft length γ of the batch effect (default 4)")
     p.add_argument("--no-batch", action="store_true", help="only the pass-cost measurement")
@@ -591,8 +590,8 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
     from specviz.labs import why_cheap as lab
 
     try:
-        pc_config = lab.PassCostConfig(ks=args.ks, repeats=args.repeats)
-        b_config = lab.BatchConfig(gamma=args.gamma, batch_sizes=args.batches, repeats=args.repeats)
+        pc_config = lab.PassCostConfig(ks=args.ks or lab.PASS_KS, repeats=args.repeats)
+        b_config = lab.BatchConfig(gamma=args.gamma, batch_sizes=args.batches or lab.BATCH_SIZES, repeats=args.repeats)
     except ValueError as e:
         raise CliError(str(e)) from None
     pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))

@@ -84,7 +84,7 @@ class Verdict:
 def verify_draft(
     p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator
 ) -> Verdict:
-    """The speculative sampling rule (Leviathan et al. 2022; Chen et al. 2023).
+    """THE acceptance rule, exact: speculative sampling (Leviathan et al. 2022; Chen et al. 2023).
 
     Letters never switch in specviz: `p` is always the TARGET, `q` always the DRAFT.
     p: (γ+1, V) target probs at each drafted position and one after; q: (γ, V) draft probs;
