@@ -12,7 +12,7 @@ from specviz.app import ui
 from specviz.core.trace import RoundTrace
 from specviz.lessons import labels, lesson
 from specviz.app.runner import JobView, RunnerBusy
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
 from specviz.app.settings import Settings, prompt_problem, shown
 from specviz.viz import export
@@ -287,7 +287,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
     points = pb.running_points(shown, base)
     last = points[-1] if points else None
-    final = summarize(spec.generation, plain.generation) if (
+    final = compare(spec.generation, plain.generation) if (
         all_shown and spec.generation and plain is not None and plain.generation) else None
     speed = final.speedup if final else (last.speedup if last else None)
     if s.level == "d1":
@@ -304,7 +304,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here.")
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
-        full = summarize(spec.generation, plain.generation) if (
+        full = compare(spec.generation, plain.generation) if (
             spec.generation and plain is not None and plain.generation) else None
         c = full.c if full else None
         expected = full.expected_speedup if full else None
@@ -503,9 +503,9 @@ def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
     with st.expander("Leviathan's trade-off", expanded=True):
         ui.lesson_md("d5", "tradeoff")
         if spec and plain and spec.generation and plain.generation:
-            sm = summarize(spec.generation, plain.generation)
-            if sm.acceptance_rate is not None and sm.c is not None:
-                st.plotly_chart(watch_view.tradeoff_figure(sm.acceptance_rate, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
+            sm = compare(spec.generation, plain.generation)
+            if sm.alpha_checked is not None and sm.c is not None:
+                st.plotly_chart(watch_view.tradeoff_figure(sm.alpha_checked, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
                                 key=P + "tradeoff", config={"displayModeBar": False})
         else:
             st.caption("The curve for this run's α and c appears once both runs are measured.")

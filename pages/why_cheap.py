@@ -22,7 +22,7 @@ from specviz.viz import why_cheap as why_cheap_view
 from specviz.viz.strip import speed_words
 
 P = "why_cheap."  # session_state prefix of this page
-GPU_COMMAND = ("python -m specviz.labs.why_cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
+GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
 ss = st.session_state
 

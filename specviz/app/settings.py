@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
-from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.limits import DRAFTER_KINDS as DRAFTERS
+from specviz.core.limits import DrafterKind as DrafterName
+from specviz.core.limits import APP_MAX_NEW_RANGE as MAX_NEW_RANGE
+from specviz.core.limits import GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from specviz.core.sampling import SamplingConfig
+from specviz.core.trace import GenerationConfig
+from specviz.lessons import LEVELS, Level
 
-Level = Literal["d1", "d2", "d5"]
-DrafterName = Literal["model", "ngram"]
-
-LEVELS: tuple[Level, ...] = ("d1", "d2", "d5")
+# the names imported above are the app's view of core.limits, core.drafters and lessons (one definition each)
 LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
-DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram")
-MODES = ("greedy", "sample")
-TEMPERATURE_RANGE = (0.05, 2.0)
-TOP_P_RANGE = (0.05, 1.0)
-SEED_RANGE = (0, 2**31 - 1)
-MAX_NEW_RANGE = (1, 256)  # a CPU demo: 256 plain target steps of the 1.5B model take about 2 minutes
 
 
 @dataclass(frozen=True)

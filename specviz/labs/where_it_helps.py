@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specviz.core import metrics
-from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
+from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME
+from specviz.bench.report import safe_name
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
@@ -99,14 +100,15 @@ def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
 
 
 def _row(preset: Preset, spec: Generation, baseline: Generation) -> WorkloadRow:
+    cmp = metrics.compare(spec, baseline)
     return WorkloadRow(
         workload=preset.id, title=preset.title, group=preset.group,
-        speedup=metrics.measured_speedup(baseline, spec),
-        acceptance=metrics.acceptance_rate(spec.rounds),
-        tokens_per_round=metrics.tokens_per_target_call(spec.rounds),
+        speedup=cmp.speedup,
+        acceptance=cmp.acceptance_drafted,
+        tokens_per_round=cmp.tokens_per_target_call,
         ms_per_token=spec.ms_per_token, baseline_ms_per_token=baseline.ms_per_token,
         new_tokens=float(len(spec.tokens)),
-        identical=(spec.tokens == baseline.tokens) if spec.config.sampling.greedy else None,
+        identical=cmp.identical,
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specviz.models.base import PairError, Progress, _first_line, _no_progress
+from specviz.models.base import PairError, LoadProgress, _first_line, _no_progress
 from specviz.models.fit import check_fit
 from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
@@ -110,7 +110,7 @@ def load_pair(
     name: str,
     draft_precision: str | None = None,
     device: str | None = None,
-    progress: Progress | None = None,
+    progress: LoadProgress | None = None,
 ) -> LoadedPair:
     """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps."""
     spec = get_spec(name)
