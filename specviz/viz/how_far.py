@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.labs.how_far import Curves, GammaPoint
-from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 MEASURED_COLOUR = "#D55E00"  # Okabe–Ito vermillion: the measured points
 CUSTOM_COLOUR = "#CC79A7"  # reddish purple: the sliders' curves
@@ -99,10 +99,7 @@ def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom
         fig.update_yaxes(title_text=w["tokens"], rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text=w["x"], dtick=1, range=[0.5, 16.5], row=speed_row, col=1)
     fig.update_xaxes(dtick=1, range=[0.5, 16.5], row=1, col=1)
-    fig.update_layout(template="plotly_white", height=560 if both else 340, font=dict(size=font_size),
-                      margin=dict(l=10, r=10, t=30, b=10),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
-    return fig
+    return layout(fig, 560 if both else 340, font_size, margin=dict(l=10, r=10, t=30, b=10))
 
 
 def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Figure:
@@ -113,7 +110,6 @@ def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Fi
                 name="measured", hovertemplate="γ = %{x}: %{y:.2f} target steps<extra></extra>")
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot"), annotation_text="Leviathan's assumption: 1 step",
                   annotation_position="top left")
-    fig.update_layout(template="plotly_white", height=260, font=dict(size=font_size), margin=dict(l=10, r=10, t=30, b=10),
-                      xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
-                      yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"), showlegend=False)
-    return fig
+    return layout(fig, 260, font_size, margin=dict(l=10, r=10, t=30, b=10), showlegend=False,
+                  xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
+                  yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"))

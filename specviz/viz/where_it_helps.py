@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.viz.watch import PLAIN_COLOUR
+from specviz.viz.style import PLAIN_COLOUR, layout
 from specviz.labs.where_it_helps import WorkloadRow
 
 # Okabe–Ito: bluish green for predictable text, reddish purple (and a hatch) for creative text
@@ -53,7 +53,5 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
     fig.update_yaxes(title_text=w["acc"], range=[0, 115], ticksuffix=" %", row=1, col=2)
     for col in (1, 2):
         fig.update_xaxes(title_text=w["x"], categoryorder="array", categoryarray=titles, row=1, col=col)
-    fig.update_layout(template="plotly_white", height=400, font=dict(size=font_size), barmode="relative",
-                      margin=dict(l=10, r=10, t=50, b=10), uniformtext_minsize=max(font_size - 3, 8),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))
-    return fig
+    return layout(fig, 400, font_size, barmode="relative", margin=dict(l=10, r=10, t=50, b=10),
+                  uniformtext_minsize=max(font_size - 3, 8), legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))

@@ -7,7 +7,7 @@ import statistics
 import plotly.graph_objects as go
 
 from specviz.labs.why_cheap import BatchEffect, PassCost
-from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, _layout
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere
 
@@ -32,7 +32,7 @@ def pass_time_figure(cost: PassCost, font_size: int = 14, x_title: str = "new to
     fig.add_scatter(x=list(cost.ks), y=list(cost.median_ms), mode="lines+markers", name=measured_name,
                     line=dict(color=SPEED_COLOUR, width=3), marker=dict(symbol="diamond", size=9),
                     hovertemplate="%{x} tokens: %{y:.0f} ms<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
+    return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
                    yaxis=dict(title=y_title, rangemode="tozero"))
 
 
@@ -53,7 +53,7 @@ def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_si
                         name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
                         marker=dict(symbol="square", size=8),
                         hovertemplate="%{x} tokens: %{y:.2f} steps<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
+    return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
                    yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
 
 
@@ -79,7 +79,7 @@ def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = No
         fig.add_scatter(x=[p.batch for p in reference.points], y=list(reference.speedups), mode="lines+markers",
                         name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
                         marker=dict(symbol="square", size=8), hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
+    return layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
                    yaxis=dict(title=y_title, rangemode="tozero"))
 
 
@@ -94,5 +94,5 @@ def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "
     fig.add_scatter(x=batches, y=[statistics.median(p.verify_ms) for p in effect.points], mode="lines+markers",
                     name=f"verify: {effect.gamma + 1} new tokens per sequence", line=dict(color=SPEED_COLOUR, width=3),
                     marker=dict(symbol="diamond", size=9))
-    return _layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
+    return layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
                    yaxis=dict(title=y_title, rangemode="tozero"))
