@@ -69,7 +69,7 @@ def rejection_figure(r: RoundTrace, labels: Labels, n_top: int = 10, font_size: 
     title = labels.get("chart_title", "Round {n}: why the guess was rejected").format(n=r.index + 1)
     fig = layout(fig, 380, font_size, legend_below=True, barmode="group",
                   title=dict(text=title, x=0, font=dict(size=font_size + 2)))
-    return fig.updatelayout(margin=dict(t=56))
+    return fig.update_layout(margin=dict(t=56))
 
 
 def running_figure(points: Sequence[RunningPoint], labels: Labels, font_size: int = 14) -> go.Figure:
