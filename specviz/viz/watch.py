@@ -68,7 +68,7 @@ def rejection_figure(r: RoundTrace, labels: Labels, n_top: int = 10, font_size: 
     fig.update_yaxes(range=[0, 1.3], tickvals=[0, 0.25, 0.5, 0.75, 1], title=labels.get("chart_prob", "probability"))
     title = labels.get("chart_title", "Round {n}: why the guess was rejected").format(n=r.index + 1)
     fig = layout(fig, 380, font_size, legend_below=True, barmode="group",
-                  title=dict(text=title, x=0, font=dict(size=font_size + 2)))
+                 title=dict(text=title, x=0, font=dict(size=font_size + 2)))
     return fig.update_layout(margin=dict(t=56))
 
 
@@ -102,7 +102,7 @@ def race_figure(spec: RaceTimeline, plain: RaceTimeline, labels: Labels, font_si
         fig.add_scatter(x=[0.0] + [t / 1000 for t in tl.times_ms], y=[0] + list(tl.tokens), name=name,
                         line=dict(color=colour, dash=dash, shape="hv"), mode="lines")
     return layout(fig, 260, font_size, xaxis=dict(title=labels.get("race_time", "seconds (measured)")),
-                   yaxis=dict(title=labels.get("tokens", "tokens")))
+                  yaxis=dict(title=labels.get("tokens", "tokens")))
 
 
 def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None, labels: Labels,
@@ -122,7 +122,7 @@ def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
     title = f"α = {alpha:.2f}, c = {c:.2f}: best γ ≈ {best}"
     return layout(fig, 260, font_size, title=dict(text=title, x=0, font=dict(size=font_size + 1)),
-                   xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×"))
+                  xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×"))
 
 
 def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace], labels: Labels,
@@ -135,4 +135,4 @@ def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace]
     fig.add_scatter(x=[len(r.draft_ids) + 1 for r in rounds], y=[r.verify_ms for r in rounds], mode="markers",
                     name=labels.get("race_spec", "speculative"), marker=dict(color=ACC_COLOUR, symbol="diamond"))
     return layout(fig, 240, font_size, xaxis=dict(title=labels.get("cost_x", "tokens scored in one pass"), dtick=1),
-                   yaxis=dict(title="ms", rangemode="tozero"))
+                  yaxis=dict(title="ms", rangemode="tozero"))

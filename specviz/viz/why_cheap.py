@@ -33,7 +33,7 @@ def pass_time_figure(cost: PassCost, font_size: int = 14, x_title: str = "new to
                     line=dict(color=SPEED_COLOUR, width=3), marker=dict(symbol="diamond", size=9),
                     hovertemplate="%{x} tokens: %{y:.0f} ms<extra></extra>")
     return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+                  yaxis=dict(title=y_title, rangemode="tozero"))
 
 
 def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_size: int = 14,
@@ -54,7 +54,7 @@ def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_si
                         marker=dict(symbol="square", size=8),
                         hovertemplate="%{x} tokens: %{y:.2f} steps<extra></extra>")
     return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
-                   yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
+                  yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
 
 
 def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = None, font_size: int = 14,
@@ -80,7 +80,7 @@ def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = No
                         name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
                         marker=dict(symbol="square", size=8), hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
     return layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+                  yaxis=dict(title=y_title, rangemode="tozero"))
 
 
 def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "batch size (sequences per pass)",
@@ -95,4 +95,4 @@ def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "
                     name=f"verify: {effect.gamma + 1} new tokens per sequence", line=dict(color=SPEED_COLOUR, width=3),
                     marker=dict(symbol="diamond", size=9))
     return layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+                  yaxis=dict(title=y_title, rangemode="tozero"))
