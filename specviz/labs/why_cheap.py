@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from specviz.app.settings import Settings
 from specviz.core.drafters import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
@@ -112,6 +113,11 @@ class BatchConfig:
             raise ValueError(f"run_tokens must be >= 1, got {self.run_tokens}")
 
 
+def batch_config(s: Settings, repeats: int) -> BatchConfig:
+    """The batch-effect measurement a page asks for: the sidebar's γ and decoding set α, so they are part of it."""
+    return BatchConfig(gamma=s.gamma, sampling=s.sampling, repeats=repeats)
+
+
 @dataclass(frozen=True)
 class Machine:
     """Where a measurement ran: the same code gives CPU figures here and GPU figures elsewhere."""
@@ -165,14 +171,26 @@ class BatchPoint:
     draft_ms: tuple[float, ...]  # draft, 1 new token per sequence
 
     @property
+    def step_median_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+    @property
+    def verify_median_ms(self) -> float:
+        return statistics.median(self.verify_ms)
+
+    @property
+    def draft_median_ms(self) -> float:
+        return statistics.median(self.draft_ms)
+
+    @property
     def verify_ratio(self) -> float:
         """The verify pass in target steps at this batch size (Leviathan's model assumes 1)."""
-        return statistics.median(self.verify_ms) / statistics.median(self.step_ms)
+        return self.verify_median_ms / self.step_median_ms
 
     @property
     def draft_ratio(self) -> float:
         """Draft step ÷ target step at this batch size, from timed passes."""
-        return statistics.median(self.draft_ms) / statistics.median(self.step_ms)
+        return self.draft_median_ms / self.step_median_ms
 
 
 @dataclass(frozen=True)

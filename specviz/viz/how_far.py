@@ -1,14 +1,19 @@
-"""The "How far to guess" chart: Leviathan's curves against γ, the measured points, and the best γ."""
+"""The "How far to guess" chart (Leviathan's curves against γ, the measured points, the best γ) and its table."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.labs.how_far import Curves, GammaPoint
+from specviz.labs.how_far import Curves, GammaPoint, Sweep, expected_at
 from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 MEASURED_COLOUR = "#D55E00"  # Okabe–Ito vermillion: the measured points
 CUSTOM_COLOUR = "#CC79A7"  # reddish purple: the sliders' curves
@@ -113,3 +118,21 @@ def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Fi
     return layout(fig, 260, font_size, margin=dict(l=10, r=10, t=30, b=10), showlegend=False,
                   xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
                   yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"))
+
+
+def sweep_table(sweep: Sweep, level: str) -> Styler:
+    """One row per γ: measured and expected speed-up, tokens per round, both acceptances (and c, cost at D5)."""
+    rows = []
+    for p in sweep.points:
+        row = {
+            "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": expected_at(sweep, p.gamma),
+            "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
+            "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,
+        }
+        if level == "d5":
+            row.update({"c": p.c, "verify pass (target steps)": p.verify_steps, "same text as target alone": p.identical})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
+    fmt["ms / token"] = "{:.0f}"
+    return frame.style.format(fmt, na_rep="–")
