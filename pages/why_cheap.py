@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
@@ -31,21 +32,54 @@ ss = st.session_state
 # ------------------------------------------------------------------------------------------
 
 
-def _controls(name: str, button: str, icon: str, repeats_label: str, default: int, why: str) -> tuple[bool, int]:
-    """A section's button with its repeats box beside it; returns (pressed, repeats)."""
+@dataclass(frozen=True)
+class Section:
+    """What differs between the page's two measurements: names, words, and how many repeats by default."""
+
+    name: str  # "pass" or "batch": the widgets' keys and the runner key's tag
+    title: tuple[str, str]  # the subheader at D1, and at D2/D5
+    lesson: str  # the lesson text under it
+    button: tuple[str, str]  # the button's label at D1, and at D2/D5
+    icon: str
+    repeats_label: str
+    repeats: int  # the repeats box's starting value
+    repeats_help: str
+    what: str  # the job, for its progress bar
+    changes: str  # the settings that make a new measurement, for the "changed since" note
+
+
+PASS = Section("pass", ("How long does checking take?", "One pass, more new tokens"), "cheap_pass",
+               ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
+               "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
+               "on this CPU).", "Timing the target's passes", "The repeats or the pair")
+BATCH = Section("batch", ("Many stories at once", "Busy servers: the batch effect"), "cheap_batch",
+                ("Try many at once", "Measure the batch effect"), ":material/stacks:", "Repeats per batch size", 3,
+                "Each repeat times a step, a verify pass and a draft step at every batch size (about 6 s per repeat "
+                "with the Qwen pair on this CPU).", "Measuring the batch effect",
+                "γ, the decoding mode, the repeats or the pair")
+
+
+def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], JobSteps],
+                 note: str | None = None) -> Any:
+    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done."""
+    st.subheader(sec.title[s.level != "d1"])
+    lesson_md(s.level, sec.lesson)
+    if note:
+        st.caption(note)
+    button = sec.button[s.level != "d1"]
     with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
-        pressed = st.button(button, key=f"{P}go_{name}", icon=icon, type="primary")
-        repeats = st.number_input(repeats_label, *REPEATS_RANGE, value=default, step=1, key=f"{P}{name}_repeats",
-                                  width=220, help=why)
-    return pressed, int(repeats)
-
-
-def _measurement(slot: jobs.Slot, key: jobs.Key, pressed: bool, s: Settings, make: Callable[[Any], JobSteps]) -> Any:
-    """Submit the section's job on a press (loading the pair then); its result once done, else None."""
+        pressed = st.button(button, key=f"{P}go_{sec.name}", icon=sec.icon, type="primary")
+        repeats = st.number_input(sec.repeats_label, *REPEATS_RANGE, value=sec.repeats, step=1,
+                                  key=f"{P}{sec.name}_repeats", width=220, help=sec.repeats_help)
+    cfg = config(int(repeats))
+    key = (f"why_cheap.{sec.name}", s.pair, cfg)
+    slot = jobs.Slot(P + sec.name, (sec.what,), button, changed=(
+        f"{sec.changes} changed since this measurement: press **{{button}}** to measure them; "
+        "the previous figures stay until then."))
     if pressed:
         pair = pair_or_message(s.pair, key=P + "retry")
         if pair is not None:
-            jobs.start(slot, {key: lambda: make(pair)})
+            jobs.start(slot, {key: lambda: make(pair, cfg)})
     done = jobs.results(slot, (key,))
     return done[0] if done else None
 
@@ -73,24 +107,13 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
 
 
 def _pass_section(s: Settings, reference: Reference | None) -> None:
-    d1 = s.level == "d1"
-    st.subheader("How long does checking take?" if d1 else "One pass, more new tokens")
-    lesson_md(s.level, "cheap_pass")
-    button = "Time the big model" if d1 else "Measure pass times"
-    pressed, repeats = _controls("pass", button, ":material/timer:", "Repeats per point (median shown)", 5,
-                                 "More repeats steady the figures; each repeat is one pass per size (about "
-                                 "2–3 s with the Qwen pair on this CPU).")
-    config = PassCostConfig(repeats=repeats)
-    slot = jobs.Slot(P + "pass", ("Timing the target's passes",), button, changed=(
-        "The repeats or the pair changed since this measurement: press **{button}** to measure them; "
-        "the previous figures stay until then."))
-    cost = _measurement(slot, ("why_cheap.pass", s.pair, config), pressed, s,
-                        lambda pair: measure_pass_cost(pair.target, pair.tokenizer, s.pair, config))
+    cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
+                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg))
     if cost is None:
         return
     st.markdown(_pass_words(cost, s))
     fs = font_size(s)
-    if d1:
+    if s.level == "d1":
         _chart(why_cheap_view.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
                                          measured_name="what the stopwatch said",
                                          linear_name="if every word cost a whole reading"), "pass_time")
@@ -152,21 +175,12 @@ def _batch_words(effect: BatchEffect, s: Settings) -> str:
 
 def _batch_section(s: Settings, reference: Reference | None) -> None:
     d1 = s.level == "d1"
-    st.subheader("Many stories at once" if d1 else "Busy servers: the batch effect")
-    lesson_md(s.level, "cheap_batch")
-    button = "Try many at once" if d1 else "Measure the batch effect"
-    pressed, repeats = _controls("batch", button, ":material/stacks:", "Repeats per batch size", 3,
-                                 "Each repeat times a step, a verify pass and a draft step at every batch size "
-                                 "(about 6 s per repeat with the Qwen pair on this CPU).")
-    if not d1:
-        st.caption(f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small model "
-                   "(batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not allow them.")
-    config = batch_config(s, repeats)
-    slot = jobs.Slot(P + "batch", ("Measuring the batch effect",), button, changed=(
-        "γ, the decoding mode, the repeats or the pair changed since this measurement: press **{button}** to "
-        "measure them; the previous figures stay until then."))
-    effect = _measurement(slot, ("why_cheap.batch", s.pair, config), pressed, s, lambda pair: measure_batch_effect(
-        pair.target, pair.draft, pair.tokenizer, pair.eos_ids, s.pair, config))
+    note = None if d1 else (f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small "
+                            "model (batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not "
+                            "allow them.")
+    effect = _measurement(BATCH, s, lambda repeats: batch_config(s, repeats),
+                          lambda pair, cfg: measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids,
+                                                                 s.pair, cfg), note)
     if effect is None:
         return
     if not effect.points:
