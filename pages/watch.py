@@ -141,7 +141,7 @@ def _header(s: Settings) -> None:
 
 def _prompt_box() -> str:
     preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
-                                       "creative": " — many good next words"})
+                                    "creative": " — many good next words"})
     prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=110,
                           max_chars=MAX_PROMPT_CHARS, persist_state="session")
     preset = next((p.id for p in PRESETS if p.prompt == prompt), None)
