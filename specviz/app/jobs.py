@@ -134,6 +134,9 @@ class Slot:
         return tuple(held) if self.group else (held,)
 
     def remember(self, keys: tuple[Key, ...]) -> None:
+        """Show these jobs from now on (their keys only: the runner keeps the jobs)."""
+        if not self.group and len(keys) != 1:
+            raise ValueError(f"slot {self.state_key} holds one job, got {len(keys)}: make it a group")
         st.session_state[self.state_key] = keys if self.group else keys[0]
 
 
