@@ -11,10 +11,9 @@ import streamlit as st
 from specviz import models
 from specviz.app.pairs import pair_store, pair_title
 from specviz.app.settings import (
-    LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
+    GAMMA_RANGE, LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
     parse_query, to_query,
 )
-from specviz.core.trace import GAMMA_RANGE
 
 K = "cfg."  # session_state prefix of the sidebar's widgets
 TEST_PAIR = "tiny-random"
