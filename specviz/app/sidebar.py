@@ -11,8 +11,8 @@ import streamlit as st
 from specviz import models
 from specviz.app.pairs import pair_store, pair_title
 from specviz.app.settings import (
-    GAMMA_RANGE, LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
-    parse_query, to_query,
+    DRAFTERS, GAMMA_RANGE, LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, MODES, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE,
+    TOP_P_RANGE, Settings, parse_query, to_query,
 )
 
 K = "cfg."  # session_state prefix of the sidebar's widgets
@@ -79,9 +79,9 @@ def sidebar_settings() -> Settings:
     pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
     sb.selectbox("Model pair (draft → target)", visible_pairs(pair), key=K + "pair", format_func=pair_title)
     sb.caption(_pair_caption(st.session_state[K + "pair"]))
-    sb.radio("Drafter", ("model", "ngram"), key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
+    sb.radio("Drafter", DRAFTERS, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
              help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
-    sb.radio("Decoding", ("greedy", "sample"), key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
+    sb.radio("Decoding", MODES, key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
              help="Greedy always takes the most likely token; sampling draws from the probabilities.")
     if st.session_state[K + "mode"] == "sample":
         sb.slider("Temperature", *TEMPERATURE_RANGE, step=0.05, key=K + "temperature", persist_state="session")
