@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from specviz import models
-from specviz.app import policy, ui
+from specviz.app import jobs, pairs, policy
 from tests.test_app_watch import APP, ShellAppTest, no_exception, texts
 from tests.test_policy import HOSTILE_PAIRS, HUGE_PARAMS, fake_model_folder
 
@@ -95,7 +95,7 @@ def test_a_hostile_pair_link_is_refused_with_a_note_and_loads_nothing(raw, guard
     assert policy.PAIR_REFUSED in notes
     assert at.session_state["cfg.settings"].pair == "tiny-random"
     assert set(guarded["loads"]) <= {"tiny-random"}
-    assert ui.pair_store().peek(raw) is None and ui.runner().get(("spec", raw)) is None
+    assert pairs.pair_store().peek(raw) is None and jobs.runner().get(("watch.spec", raw)) is None
     assert_no_internals(at)
     assert [o.label for o in at.sidebar.selectbox] == ["Model pair (draft → target)"]
     assert all("hf:" not in str(o) for o in at.sidebar.selectbox[0].options)
@@ -137,7 +137,7 @@ def test_a_pair_too_big_for_this_machine_is_refused_in_one_line(guarded, monkeyp
     no_exception(at)
     errors = [e.value for e in at.error]
     assert any("needs about" in e and "GB" in e for e in errors), errors
-    view = ui.pair_store().peek(name)
+    view = pairs.pair_store().peek(name)
     assert view is not None and view.status == "failed" and view.pair is None  # nothing half-loaded kept
     dump = page_dump(at)
     assert str(tmp_path) not in dump and str(huge) not in dump
@@ -146,7 +146,7 @@ def test_a_pair_too_big_for_this_machine_is_refused_in_one_line(guarded, monkeyp
 
 
 def test_ten_autoplay_tabs_of_one_browser_queue_only_its_share(guarded, monkeypatch):
-    monkeypatch.setattr(ui, "owner_id", lambda: "browser:one-pupil")
+    monkeypatch.setattr(jobs, "owner_id", lambda: "browser:one-pupil")
     release = threading.Event()
 
     def hold():
@@ -154,7 +154,7 @@ def test_ten_autoplay_tabs_of_one_browser_queue_only_its_share(guarded, monkeypa
         return None
         yield
 
-    blocker = ui.runner().submit(("test.block", id(release)), hold, owner="teacher")
+    blocker = jobs.runner().submit(("test.block", id(release)), hold, owner="teacher")
     while blocker.view().state != "running":
         pass
     try:
@@ -165,7 +165,7 @@ def test_ten_autoplay_tabs_of_one_browser_queue_only_its_share(guarded, monkeypa
             no_exception(at)
             told += any("already has 4 runs waiting" in w.value for w in at.warning)
         limit = policy.WAITING_PER_BROWSER
-        assert ui.runner().waiting("browser:one-pupil") == limit
+        assert jobs.runner().waiting("browser:one-pupil") == limit
         assert told == 10 - limit // 2  # each Play queues a run and its baseline
     finally:
         release.set()

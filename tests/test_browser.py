@@ -177,7 +177,7 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
 
 
 # (path, the button a pupil presses, what must appear after it); why_cheap first, as a deep link
-# on a fresh server (see app.py and ui.run_page)
+# on a fresh server (see app.py and shell.run_page)
 LAB_PAGES = (
     ("why_cheap", "Measure pass times", '[data-testid="stPlotlyChart"]'),  # no chart before a measurement
     ("same_answer", "Run both and compare", r"text=/Identical: \d+ of \d+ tokens/"),

@@ -6,6 +6,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from specviz.app.settings import Settings
 from specviz.core import metrics
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
@@ -176,3 +179,56 @@ def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Ge
         runs.append((gamma, gen))
     yield Progress(total, total, f"all {config.runs} runs done")
     return summarize_sweep(config, baseline, runs)
+
+
+# ------------------------------------------------------------------------------------------
+# What the page asks for (from the sidebar's Settings) and the curves it draws
+# ------------------------------------------------------------------------------------------
+
+ALPHA_RANGE = (0.0, 1.0)  # the α slider
+C_RANGE = (0.0, 1.5)  # the c slider: c > 1 means the draft is slower per token than the target (never worth it)
+
+
+def sweep_config(s: Settings, prompt: str, gammas: Sequence[int]) -> SweepConfig:
+    """The sweep a page asks for: the sidebar's pair, drafter, decoding and length; the γ values chosen on the page."""
+    return make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
+
+
+def measured_curves(sweep: Sweep) -> Curves | None:
+    """Leviathan's curves for the sweep's measured α and c (None unless both were measured)."""
+    if sweep.alpha is None or sweep.c is None:
+        return None
+    return leviathan_curves(sweep.alpha, sweep.c)
+
+
+def expected_at(sweep: Sweep, gamma: int) -> float | None:
+    """Leviathan's expected speed-up at one γ with the sweep's measured α and c."""
+    if sweep.alpha is None or sweep.c is None:
+        return None
+    return leviathan_curves(sweep.alpha, sweep.c, (gamma,)).speedup[0]
+
+
+def measured_verify_curve(sweep: Sweep) -> tuple[float, ...] | None:
+    """The speed-up curve with the measured verify cost in place of Leviathan's one step (None if not measured)."""
+    if sweep.alpha is None or sweep.c is None or sweep.verify_fit is None:
+        return None
+    return verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
+
+
+def _slider_value(x: float, lo: float, hi: float) -> float:
+    return round(min(max(x, lo), hi), 2)
+
+
+def slider_start(sweep: Sweep | None) -> tuple[float, float] | None:
+    """The measured α and c as the sliders can hold them (clamped, two decimals); None before a measurement."""
+    if sweep is None or sweep.alpha is None or sweep.c is None:
+        return None
+    return _slider_value(sweep.alpha, *ALPHA_RANGE), _slider_value(sweep.c, *C_RANGE)
+
+
+def slider_curves(sweep: Sweep | None, alpha: float, c: float) -> Curves | None:
+    """The sliders' own curves, unless the sliders still sit on the measured α and c (then the measured ones say it)."""
+    start = slider_start(sweep)
+    if start is not None and abs(alpha - start[0]) <= 0.004 and abs(c - start[1]) <= 0.004:
+        return None
+    return leviathan_curves(alpha, c)

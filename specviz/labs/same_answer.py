@@ -13,7 +13,9 @@ import torch
 from scipy.stats import chi2 as chi2_dist
 from scipy.stats import chisquare
 
-from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, draft_q
+from specviz.app.policy import bounded
+from specviz.app.settings import Settings
+from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, draft_q, make_drafter
 from specviz.core.engine import TokenTexts, autoregressive_generate, speculative_generate
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.kv import CachedLM
@@ -97,6 +99,19 @@ def greedy_comparison(
         target_calls_plain=plain.target_calls, drafted=spec.drafted, accepted=spec.accepted,
         spec_ms=spec.decode_ms, plain_ms=plain.decode_ms,
     )
+
+
+def greedy_config(s: Settings) -> GenerationConfig:
+    """The greedy part's engine config: the sidebar's γ, adaptivity and length, always greedy decoding."""
+    return GenerationConfig(max_new_tokens=s.max_new_tokens, gamma=s.gamma, adaptive=s.adaptive,
+                            sampling=SamplingConfig("greedy"))
+
+
+def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str,
+               config: GenerationConfig) -> Generator[Progress, None, GreedyComparison]:
+    """The page's greedy job on a loaded pair, with the named drafter ("model" or "ngram")."""
+    made = make_drafter(drafter, pair.draft, adaptive=config.adaptive)
+    return greedy_comparison(pair.target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids)
 
 
 # ------------------------------------------------------------------------------------------
@@ -380,6 +395,34 @@ def fit_test(law: ExactLaw, counts: SampleCounts) -> FitTest:
     res = chisquare(observed, [e * n / sum(expected) for e in expected])  # rescaled so both sums match exactly
     dof = len(observed) - 1
     return FitTest(float(res.statistic), dof, float(res.pvalue), _log10_sf(float(res.statistic), dof), tv, len(observed))
+
+
+def sample_config(s: Settings, n_samples: int, n_tokens: int) -> SampleConfig:
+    """The sampling test the page asks for: the sidebar's temperature, top-p and seed (even while it is on greedy)."""
+    sampling = SamplingConfig("sample", temperature=s.temperature, top_p=s.top_p, seed=s.seed)
+    # the widgets' ranges, held again here whatever the browser sent
+    return SampleConfig(sampling, n_samples=bounded(n_samples, *SAMPLES_RANGE, SAMPLES_RANGE[0]),
+                        n_tokens=bounded(n_tokens, *TOKENS_RANGE, TOKENS_RANGE[0]))
+
+
+def spec_config(s: Settings, wrong: bool, top_k: int) -> SpecConfig:
+    """The speculative samples the page asks for: the sidebar's γ and drafter, the exact rule or the lossy one."""
+    k = bounded(top_k, *TOP_K_RANGE, TOP_K_RANGE[0]) if wrong else 0
+    return SpecConfig(gamma=s.gamma, drafter=s.drafter, rule="topk" if wrong else "exact", top_k=k)
+
+
+@dataclass(frozen=True)
+class SamplingTest:
+    """What the page shows of a finished sampling test: both fits and the histogram's rows."""
+
+    fit_target: FitTest  # the target-only samples against the exact law: the sampling-noise floor
+    fit_spec: FitTest  # the speculative samples against the exact law: the test of the rule
+    rows: tuple[HistogramRow, ...]
+
+
+def judge(ref: Reference, spec: SampleCounts) -> SamplingTest:
+    """Test both sample sets against the exact law and bin them for the histogram."""
+    return SamplingTest(fit_test(ref.law, ref.target), fit_test(ref.law, spec), histogram_rows(ref.law, ref.target, spec))
 
 
 def _log10_sf(stat: float, dof: int) -> float:

@@ -18,7 +18,7 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.app.settings import MAX_NEW_RANGE, prompt_problem
+from specviz.app.settings import MAX_NEW_RANGE, Settings, prompt_problem
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -87,6 +87,11 @@ class WorkloadsConfig:
     @property
     def runs(self) -> int:
         return 2 * len(self.presets)
+
+
+def workloads_config(s: Settings) -> WorkloadsConfig:
+    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone."""
+    return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
 
 
 def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from specviz.app.settings import Settings
 from specviz.core.drafters import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.limits import REPEATS_RANGE, check_gamma, check_repeats  # noqa: F401 (the page's range)
@@ -95,6 +96,11 @@ class BatchConfig:
             raise ValueError(f"batch sizes must be increasing positive counts, got {self.batch_sizes}")
         if self.run_tokens < 1:
             raise ValueError(f"run_tokens must be >= 1, got {self.run_tokens}")
+
+
+def batch_config(s: Settings, repeats: int) -> BatchConfig:
+    """The batch-effect measurement a page asks for: the sidebar's γ and decoding set α, so they are part of it."""
+    return BatchConfig(gamma=s.gamma, sampling=s.sampling, repeats=repeats)
 
 
 @dataclass(frozen=True)
