@@ -8,15 +8,15 @@ import pandas as pd
 import streamlit as st
 
 from specviz.labs import how_far
-from specviz.app import ui
+from specviz.app import predict, ui
+from specviz.viz import predict as predict_view
 from specviz.labs.how_far import Sweep, SweepConfig
 from specviz.presets import DEFAULT_PRESET, get_preset
-from specviz.app.settings import Settings, prompt_problem
+from specviz.app.settings import Settings, cut_long_prompt, prompt_problem
 from specviz.viz import how_far as how_far_view
 from specviz.viz import strip
 
 P = "howfar."  # session_state prefix of this page
-MAX_PROMPT_CHARS = 20_000
 ALPHA_RANGE = (0.0, 1.0)
 C_RANGE = (0.0, 1.5)  # c > 1: the draft is slower per token than the target (never worth it)
 SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
@@ -58,8 +58,11 @@ def _header(s: Settings) -> None:
 
 def _prompt_box() -> str:
     ui.preset_buttons(P, _use_preset)
-    return st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
-                        max_chars=MAX_PROMPT_CHARS, persist_state="session")
+    prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
+                          on_change=cut_long_prompt, args=(ss, P + "prompt"), persist_state="session")
+    if note := ss.pop(P + "prompt.note", None):
+        st.warning(note, icon=":material/content_cut:")
+    return prompt
 
 
 def _gamma_picker(s: Settings) -> list[int]:
@@ -101,7 +104,10 @@ def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
-    lev = how_far.leviathan_curves(sweep.alpha, sweep.c).best if sweep.alpha is not None and sweep.c is not None else None
+    lev = None
+    if sweep.alpha is not None and sweep.c is not None:  # the best γ of the main curve: with the measured verify cost
+        lev = (how_far.verify_cost_curves(sweep.alpha, sweep.c, sweep.verify_fit) if sweep.verify_fit is not None
+               else how_far.leviathan_curves(sweep.alpha, sweep.c)).best
     if s.level == "d1":
         if best is not None and best.speedup:
             st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
@@ -116,7 +122,8 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
                     help="Draft ms per drafted token ÷ one target step (median step of the target-only run).")
     slots[2].metric("target step", f"{sweep.target_step_ms:.0f} ms" if sweep.target_step_ms else "–",
                     help="Median time of one target forward for one new token, measured on this machine.")
-    slots[3].metric("best γ (Leviathan)", str(lev) if lev else "–")
+    slots[3].metric("best γ (expected)", str(lev) if lev else "–",
+                    help="The peak of the main curve: Leviathan's formula with the measured cost of a verify pass.")
     slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
 
 
@@ -141,8 +148,8 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
     verify = None
     if sweep is not None and sweep.alpha is not None and sweep.c is not None:
         measured = how_far.leviathan_curves(sweep.alpha, sweep.c)
-        if sweep.verify_fit is not None and s.level == "d5":
-            verify = how_far.verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
+        if sweep.verify_fit is not None:
+            verify = how_far.verify_cost_curves(sweep.alpha, sweep.c, sweep.verify_fit)
     custom = None
     if slider is not None:
         moved = measured is None or abs(slider[0] - _clamp(measured.alpha, *ALPHA_RANGE)) > 0.004 or \
@@ -186,15 +193,18 @@ def _honesty(sweep: Sweep, s: Settings) -> None:
     if not costs or s.level == "d1":
         return
     said = ", ".join(f"γ = {p.gamma}: {p.verify_steps:.1f}" for p in costs)
-    st.markdown(f"**Measured here:** one checking pass of the target cost {said} one-token steps. "
-                "Leviathan's formula counts every pass as 1 step, so the measured points sit below its curve "
-                "when a pass costs more.")
+    textbook = how_far.leviathan_curves(sweep.alpha, sweep.c) if sweep.alpha is not None and sweep.c is not None else None
+    verify = how_far.verify_cost_curves(sweep.alpha, sweep.c, sweep.verify_fit) if (
+        textbook is not None and sweep.verify_fit is not None) else None
+    where = how_far_view.curve_position_sentence(sweep.points, textbook, verify) if textbook is not None else ""
+    st.markdown(f"**Measured here:** one checking pass of the target cost {said} one-token steps, where "
+                f"Leviathan's formula counts every pass as 1 step. {where}")
     if s.level == "d5":
         fit = sweep.verify_fit
         if fit is not None:
             st.caption(f"Straight-line fit of the median verify cost: {fit.intercept:.2f} + {fit.slope:.3f}·n target "
-                       f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the dotted "
-                       "orange curve extrapolates).")
+                       f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the solid "
+                       "main curve extrapolates).")
         st.plotly_chart(how_far_view.verify_cost_bars(sweep.points, ui.font_size(s)), key=P + "verify",
                         config={"displayModeBar": False})
 
@@ -255,9 +265,15 @@ def main() -> None:
         ui.show_job_status(job, view, "Measuring γ")
     sweep: Sweep | None = view.result if view is not None and view.state == "done" else None
 
+    question = predict_view.gamma_question(sweep.config.gammas if sweep is not None else sorted(gammas))
+    best = sweep.best_measured if sweep is not None else None
+    if (best is None or best.speedup is None) and question.choices:
+        predict.ask(P, question)
     st.divider()
     if sweep is not None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
+        if best is not None and best.speedup is not None:
+            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup))
         _metrics(sweep, s)
     slider = _sliders(sweep, key) if s.level != "d1" else None
     _chart(sweep, s, slider)

@@ -10,7 +10,9 @@ import streamlit as st
 
 from specviz.app import ui
 from specviz.labs import where_it_helps
-from specviz.presets import GROUP_TITLES
+from specviz.app import predict
+from specviz.presets import GROUP_TITLES, PRESETS
+from specviz.viz import predict as predict_view
 from specviz.app.settings import Settings
 from specviz.viz import where_it_helps as where_it_helps_view
 from specviz.viz import strip
@@ -147,6 +149,7 @@ def _results(res: WorkloadResults, s: Settings) -> None:
     if not res.rows:
         st.info("No workload could be measured.")
     else:
+        st.markdown(where_it_helps_view.headline(res.rows, s.level))
         st.plotly_chart(where_it_helps_view.workload_bars(res.rows, s.level, ui.font_size(s)), key=P + "bars",
                         config={"displayModeBar": False})
         _summary(res, s)
@@ -201,9 +204,16 @@ def main() -> None:
     requested = ss.pop(P + "run_request", False)
     bench_path = where_it_helps.find_bench(s.pair)
     source = _source(s, bench_path)
+    question = predict_view.workload_question([p.title for p in PRESETS])
     res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
+    scored = [r for r in res.rows if r.speedup is not None] if res is not None else []
+    if not scored:
+        predict.ask(P, question)
     st.divider()
     if res is not None:
+        if scored:
+            best = max(scored, key=lambda r: r.speedup)
+            predict.reveal(P, question, predict_view.reveal_workload(best.title, best.speedup))
         _results(res, s)
     ui.lesson_md(s.level, "where_why")
     if s.level == "d5":

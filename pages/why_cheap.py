@@ -9,7 +9,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from specviz.app import ui
+from specviz.app import predict, ui
+from specviz.viz import predict as predict_view
 from specviz.app.runner import Job
 from specviz.core.progress import JobSteps
 from specviz.app.settings import Settings
@@ -23,6 +24,7 @@ from specviz.viz.strip import speed_words
 P = "why_cheap."  # session_state prefix of this page
 GPU_COMMAND = ("python -m specviz.labs.why_cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
+BATCH_REPEATS = 7  # with 3 the medians jumped between batch sizes (1.32 → 1.72 → 1.23 → 1.35×, issue 13); 7 steady them
 ss = st.session_state
 
 
@@ -124,8 +126,12 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _result("pass", key, pressed, s, lambda pair: measure_pass_cost(pair.target, pair.tokenizer, s.pair, config),
                    "Timing the target's passes", "The repeats or the pair changed since this measurement: press "
                    "the button to measure them; the previous figures stay until then.")
+    if cost is None or 16 not in cost.ks:
+        predict.ask(P, predict_view.CHEAP, "Answer, then press the button: the stopwatch answers it.")
     if cost is None:
         return
+    if 16 in cost.ks:
+        predict.reveal(P, predict_view.CHEAP, predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms))
     st.markdown(_pass_words(cost, s))
     fs = ui.font_size(s)
     if d1:
@@ -208,7 +214,7 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
     with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
         pressed = st.button("Try many at once" if d1 else "Measure the batch effect", key=P + "go_batch",
                             icon=":material/stacks:", type="primary")
-        repeats = st.number_input("Repeats per batch size", *REPEATS_RANGE, value=3, step=1, key=P + "batch_repeats",
+        repeats = st.number_input("Repeats per batch size", *REPEATS_RANGE, value=BATCH_REPEATS, step=1, key=P + "batch_repeats",
                                   width=220, help="Each repeat times a step, a verify pass and a draft step at every "
                                   "batch size (about 6 s per repeat with the Qwen pair on this CPU).")
     if not d1:
@@ -226,6 +232,8 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
         st.warning(f"No batch size could be measured: {effect.stopped}.")
         return
     st.markdown(_batch_words(effect, s))
+    if line := why_cheap_view.batch_pattern_sentence(effect, s.level):
+        st.markdown(line)
     fs = ui.font_size(s)
     ref = reference.batch_effect if reference else None
     if d1:
@@ -270,11 +278,17 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
         return
     parts = [p for p in (reference.pass_cost, reference.batch_effect) if p is not None]
     machine = parts[0].machine if parts else None
-    st.success(f"GPU figures measured with the same code on {machine.name if machine else 'a GPU'} "
-               f"({reference.note or 'no note'}); they are drawn in orange in the charts above.",
+    st.markdown(f"#### A second machine: {machine.name if machine else 'a GPU'}")
+    st.success(f"Measured with the same code on {machine.name if machine else 'a GPU'} "
+               f"({reference.note or 'no note'}); drawn in orange in the charts above.",
                icon=":material/developer_board:")
     if reference.pass_cost is not None:
+        st.markdown(why_cheap_view.gpu_sentence(reference, s.gamma))
         st.dataframe(_pass_table(reference.pass_cost), hide_index=True)
+    if reference.step_cost is not None and s.level == "d5":
+        st.dataframe(why_cheap_view.step_cost_table(reference.step_cost), hide_index=True)
+    st.caption("Measure another GPU with the same code:")
+    st.code(GPU_COMMAND, language="bash")
 
 
 # ------------------------------------------------------------------------------------------

@@ -129,6 +129,11 @@ def leviathan_curves(alpha: float, c: float, gammas: Sequence[int] = CURVE_GAMMA
     )
 
 
+def best_case_speedup(gamma: float, c: float, verify_steps: float = 1.0) -> float:
+    """The speed-up if every guess were accepted, (γ + 1) / (γc + verify): no α can do better."""
+    return (gamma + 1) / (gamma * c + verify_steps)
+
+
 def speedup_with_verify_cost(alpha: float, gamma: int, c: float, fit: VerifyFit) -> float:
     """Leviathan's speed-up with the measured cost of a (γ+1)-token verify pass in place of 1 target step."""
     return metrics.expected_tokens_per_round(alpha, gamma) / (gamma * c + max(fit.steps(gamma + 1), 1e-9))
@@ -136,6 +141,56 @@ def speedup_with_verify_cost(alpha: float, gamma: int, c: float, fit: VerifyFit)
 
 def verify_cost_curve(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> tuple[float, ...]:
     return tuple(speedup_with_verify_cost(alpha, g, c, fit) for g in gammas)
+
+
+def verify_cost_curves(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> Curves:
+    """Leviathan's curves with the measured verify cost in place of one step, and the best γ of that curve."""
+    speed = verify_cost_curve(alpha, c, fit, gammas)
+    best = max(range(len(speed)), key=speed.__getitem__)
+    return Curves(alpha, c, tuple(gammas), tuple(metrics.expected_tokens_per_round(alpha, g) for g in gammas),
+                  speed, tuple(gammas)[best])
+
+
+def run_verify_fit(spec: Generation, baseline: Generation) -> VerifyFit | None:
+    """The verify-cost line of one speculative run and its target-only baseline (the Watch page's single γ)."""
+    step = metrics.target_ms_per_step(baseline)
+    return fit_verify_cost(verify_steps_by_size(list(baseline.rounds) + list(spec.rounds), step)) if step else None
+
+
+@dataclass(frozen=True)
+class RunTradeoff:
+    """One speculative run against its baseline on Leviathan's curves (the Watch page's D5 chart)."""
+
+    textbook: Curves  # a verify pass costs one target step
+    with_cost: Curves | None  # the measured verify cost in its place (None: fewer than two pass sizes measured)
+    gamma: float  # the run's γ (mean drafted per round when adaptive or prompt lookup)
+    verify_steps: float | None  # fitted cost of this run's pass over γ + 1 tokens, in target steps
+    measured: float | None  # the run's measured speed-up
+
+    def expected(self, with_cost: bool = True) -> float | None:
+        """The expected speed-up at this run's γ: with the measured verify cost, or the textbook's one step."""
+        if with_cost and (self.with_cost is None or self.verify_steps is None):
+            return None
+        verify = self.verify_steps if with_cost and self.verify_steps else 1.0
+        book = self.textbook
+        return metrics.expected_tokens_per_round(book.alpha, self.gamma) / (self.gamma * book.c + verify)
+
+
+def run_tradeoff(spec: Generation, baseline: Generation) -> RunTradeoff | None:
+    """α (checked positions), c and the verify-cost line of one run; None until both are measurable."""
+    step = metrics.target_ms_per_step(baseline)
+    alpha, c = metrics.checked_acceptance(spec.rounds), metrics.measured_c(spec.rounds, step)
+    if alpha is None or c is None:
+        return None
+    gamma = metrics.summarize(spec).gamma or float(spec.config.gamma)
+    fit = run_verify_fit(spec, baseline)
+    return RunTradeoff(
+        textbook=leviathan_curves(alpha, c),
+        with_cost=verify_cost_curves(alpha, c, fit) if fit else None,
+        gamma=gamma,
+        verify_steps=max(fit.steps(gamma + 1), 1e-9) if fit else None,
+        measured=metrics.measured_speedup(baseline, spec),
+    )
 
 
 def verify_steps_by_size(rounds: Sequence[RoundTrace], step_ms: float) -> dict[int, float]:

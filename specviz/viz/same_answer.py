@@ -16,6 +16,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "exact": "target's exact probability", "target": "target alone (sampled)", "spec": "speculative (sampled)",
     "other": "everything else", "x": "continuation (tokens separated by ·, ␣ = space)",
     "y": "share of samples (probability)",
+    "greedy_target": "target alone (greedy)", "greedy_spec": "speculative (greedy)",
 }
 
 
@@ -37,8 +38,8 @@ def greedy_table(cmp: GreedyComparison, names: Names) -> pd.DataFrame:
             for i in range(n)]
     return pd.DataFrame({
         "#": list(range(1, n + 1)),
-        names.get("target", "target alone"): [cell(cmp.plain_texts, i) for i in range(n)],
-        names.get("spec", "speculative"): [cell(cmp.spec_texts, i) for i in range(n)],
+        names.get("greedy_target", DEFAULT_NAMES["greedy_target"]): [cell(cmp.plain_texts, i) for i in range(n)],
+        names.get("greedy_spec", DEFAULT_NAMES["greedy_spec"]): [cell(cmp.spec_texts, i) for i in range(n)],
         names.get("same", "same?"): ["✓" if ok else "✗ differs" for ok in same],
     })
 
