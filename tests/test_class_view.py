@@ -211,3 +211,46 @@ def test_the_batch_effect_says_plainly_when_the_textbook_pattern_does_not_show()
     fig = why_cheap_view.batch_speedup_figure(flat)
     whiskers = [t for t in fig.data if t.error_y is not None and t.error_y.array is not None]
     assert len(whiskers) == 1 and len(whiskers[0].error_y.array) == 4
+
+
+# ------------------------------------------------------------------------------------------ 4: the int8 draft
+
+
+def test_the_int8_draft_keeps_its_down_projections_in_fp32():
+    import torch
+
+    from specviz.models import load_pair
+
+    pair = load_pair("tiny-random", "int8")
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    kinds = {name.rsplit(".", 1)[-1]: type(mod) for name, mod in pair.draft.named_modules()
+             if isinstance(mod, (torch.nn.Linear, dynamic))}
+    assert kinds["down_proj"] is torch.nn.Linear  # its input's outlier channels do not survive int8
+    assert kinds["up_proj"] is dynamic and kinds["q_proj"] is dynamic and kinds["lm_head"] is dynamic
+
+
+@pytest.mark.real
+def test_smollm2_int8_draft_overlaps_its_target_more_than_with_every_linear_in_int8():
+    """Σmin(p, q) at T 0.8 on the story preset, along the target's own continuation (issue 13, point 4)."""
+    import copy
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from specviz.models import load_pair
+    from specviz.presets import get_preset
+
+    pair = load_pair("smollm2-135m", draft_precision="fp32")
+    ids = torch.tensor([pair.tokenizer(get_preset("story").prompt)["input_ids"]])
+    with torch.no_grad():
+        full = pair.target.generate(ids, max_new_tokens=30, do_sample=False)
+        p = torch.softmax(pair.target(full).logits[0, ids.shape[1] - 1:] / 0.8, -1)  # (30+1, V)
+
+        def overlap(model: torch.nn.Module) -> float:
+            q = torch.softmax(model(full).logits[0, ids.shape[1] - 1:] / 0.8, -1)
+            return float(torch.minimum(p, q).sum(-1).mean())
+
+        every = quantize_dynamic(copy.deepcopy(pair.target), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                 dtype=torch.qint8)
+        ours = load_pair("smollm2-135m").draft
+        assert overlap(ours) > 0.6 and overlap(ours) > overlap(every) + 0.15
