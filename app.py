@@ -5,7 +5,7 @@ import streamlit as st
 from specviz.app import ui
 
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
-                   initial_sidebar_state="expanded")
+                   initial_sidebar_state="auto")  # auto: open on a wide screen, closed on a phone, where it would cover the page
 
 # Each URL path is its file's stem, so a deep link on a fresh server (which still reads pages/ the
 # old way until st.navigation has run once) finds its page; ui.run_page then draws this shell around it.

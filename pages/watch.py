@@ -316,7 +316,8 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here. "
                    f"Shown from round {pb.SPEEDUP_FROM_ROUND}: the first rounds include the models warming up.")
     if s.level == "d5":
-        d1c, d2c, d3c = _metric_slots(3, s)
+        d1c, d2c = _metric_slots(2, s)
+        d3c, _ = _metric_slots(2, s)  # two per row: three abreast cut the labels in the narrow column
         both = spec.generation and plain is not None and plain.generation
         full = summarize(spec.generation, plain.generation) if both else None
         trade = how_far.run_tradeoff(spec.generation, plain.generation) if both else None

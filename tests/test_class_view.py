@@ -254,3 +254,17 @@ def test_smollm2_int8_draft_overlaps_its_target_more_than_with_every_linear_in_i
                                  dtype=torch.qint8)
         ours = load_pair("smollm2-135m").draft
         assert overlap(ours) > 0.6 and overlap(ours) > overlap(every) + 0.15
+
+
+# ------------------------------------------------------------------------------------------ 7: layout
+
+
+def test_long_tick_labels_break_into_lines_and_the_workload_panels_stack():
+    assert watch_view.wrap_tick("Copying from the prompt") == "Copying from<br>the prompt"
+    assert watch_view.wrap_tick("Code") == "Code"
+    fig = where_view.workload_bars([_wrow("Copying from the prompt", "predictable", 1.2), _wrow("Poem", "creative", 0.9)])
+    assert fig.layout.xaxis.tickangle == 0 and "Copying from<br>the prompt" in fig.data[0].x
+    assert fig.layout.yaxis2.domain[1] < fig.layout.yaxis.domain[0]  # acceptance below the speed-up, not beside it
+    assert not any(a.text == "1× = no gain" for a in fig.layout.annotations)  # no label sitting on the Code bar
+    running = watch_view.running_figure(pb.running_points((_round(0, ("a",), 1, "x"),), 20.0), L, font_size=19)
+    assert running.layout.height >= 360  # presenter type gets a taller plot

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.same_answer import GreedyComparison, HistogramRow
-from specviz.viz.watch import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label
+from specviz.viz.watch import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label, wrap_tick
 from specviz.viz.strip import VISIBLE, esc
 
 Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words
@@ -74,8 +74,9 @@ def histogram_figure(rows: Sequence[HistogramRow], names: Names, font_size: int 
     for name, ys, colour, pattern in series:
         fig.add_bar(x=xs, y=ys, name=esc(name), marker_color=colour,
                     marker_pattern_shape=pattern, hovertemplate="%{y:.3f}<extra></extra>")
-    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=_unique([row_label(r, names) for r in rows]),
-                     title=names.get("x", DEFAULT_NAMES["x"]), tickangle=-35)
+    ticks = [wrap_tick(t, 10) for t in _unique([row_label(r, names) for r in rows])]  # lines, not a cut slant
+    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, title=names.get("x", DEFAULT_NAMES["x"]),
+                     tickangle=0)
     fig.update_yaxes(title=names.get("y", DEFAULT_NAMES["y"]), rangemode="tozero", tickformat=".0%")
     kw = dict(title=dict(text=title, x=0, font=dict(size=font_size + 1))) if title else {}
     fig = _layout(fig, 420, font_size, barmode="group", **kw)

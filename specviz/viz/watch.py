@@ -22,6 +22,19 @@ def chart_label(text: str) -> str:
     return token_label(text.replace(" ", "␣"))
 
 
+def wrap_tick(label: str, width: int = 12, seps: str = " ·") -> str:
+    """A long tick label broken into lines of about `width` characters at spaces or ·, so none is cut off."""
+    lines, line = [], ""
+    for ch in label:
+        line += ch
+        if ch in seps and len(line) >= width:
+            lines.append(line.rstrip())
+            line = ""
+    if line:
+        lines.append(line)
+    return "<br>".join(lines)
+
+
 def _layout(fig: go.Figure, height: int, font_size: int, legend_below: bool = False, **kw: object) -> go.Figure:
     legend = dict(orientation="h", yanchor="top", y=-0.18, x=0) if legend_below else \
         dict(orientation="h", yanchor="bottom", y=1.02, x=0)
@@ -102,7 +115,7 @@ def running_figure(points: Sequence[RunningPoint], labels: Labels, font_size: in
         fig.add_hline(y=1.0, yref="y2", line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
     top = max([pt.speedup or 0 for pt in points] + [2.0])
     return _layout(
-        fig, 240, font_size,
+        fig, max(240, 19 * font_size), font_size,  # presenter type (19 px) needs a taller plot: 361 px
         xaxis=dict(title=labels.get("round_axis", "round"), nticks=10, rangemode="tozero"),
         yaxis=dict(title=labels.get("acceptance", "acceptance"), range=[0, 1.05], tickformat=".0%"),
         yaxis2=dict(title=labels.get("speedup", "speed-up"), overlaying="y", side="right", range=[0, top * 1.1],
