@@ -220,7 +220,7 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
             page = browser.new_page(viewport={"width": 390, "height": 5200})
             page.set_default_timeout(RUN_TIMEOUT_MS)
             expect.set_options(timeout=RUN_TIMEOUT_MS)
-            long_prompt = "".join(f"Line {i} of a long prompt.\n" for i in range(80)) + PROMPT
+            long_prompt = "".join(f"Line {i} of a long prompt.\n" for i in range(40)) + PROMPT  # ~1,000 tokens on a byte-level pair
             from urllib.parse import quote
             page.goto(f"{server}/?pair={PAIR}&max_new={MAX_NEW}&speed=fastest&prompt={quote(long_prompt)}")
             expect(page.get_by_text("Watch the helper at work")).to_be_visible()  # a fresh visit opens at D1
