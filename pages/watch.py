@@ -12,9 +12,9 @@ from specviz.app import ui
 from specviz.core.trace import RoundTrace
 from specviz.lessons import labels, lesson
 from specviz.app.runner import JobView, RunnerBusy
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.app.settings import MAX_PROMPT_CHARS, Settings, cut_long_prompt, prompt_problem
+from specviz.app.settings import MAX_PROMPT_CHARS, Settings, cut_long_prompt, prompt_problem, shown
 from specviz.labs import how_far
 from specviz.app import predict
 from specviz.viz import export
@@ -47,7 +47,7 @@ def _init_state() -> None:
     preset = get_preset(url_preset or "") or get_preset(DEFAULT_PRESET)
     notes: list[str] = []
     if url_preset and not get_preset(url_preset):
-        notes.append(f"Unknown preset `{url_preset}` in the link; showing the code example.")
+        notes.append(f"Unknown preset `{shown(url_preset)}` in the link; showing the code example.")
     ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
     if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
         notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
@@ -56,7 +56,7 @@ def _init_state() -> None:
     ss.setdefault(P + "playing", False)
     speed = ui.read_query("speed")
     if speed is not None and speed not in SPEEDS:
-        notes.append(f"Ignored `speed={speed}` in the link: choose one of {', '.join(SPEEDS)}.")
+        notes.append(f"Ignored `speed={shown(speed)}` in the link: choose one of {', '.join(SPEEDS)}.")
     ss[P + "speed"] = speed if speed in SPEEDS else "normal"
     if ui.read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
         _request_play()
@@ -297,7 +297,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
     points = pb.settled(pb.running_points(shown, base))
     last = points[-1] if points else None
-    final = summarize(spec.generation, plain.generation) if (
+    final = compare(spec.generation, plain.generation) if (
         all_shown and spec.generation and plain is not None and plain.generation) else None
     speed = final.speedup if final else (last.speedup if last else None)
     early = not final and shown and len(shown) < pb.SPEEDUP_FROM_ROUND
@@ -318,12 +318,11 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
         d3c, _ = _metric_slots(2, s)  # two per row: three abreast cut the labels in the narrow column
-        both = spec.generation and plain is not None and plain.generation
-        full = summarize(spec.generation, plain.generation) if both else None
-        trade = how_far.run_tradeoff(spec.generation, plain.generation) if both else None
+        full = compare(spec.generation, plain.generation) if (
+            spec.generation and plain is not None and plain.generation) else None
         c = full.c if full else None
-        textbook = trade.expected(with_cost=False) if trade else None
-        with_cost = trade.expected() if trade else None
+        textbook = full.expected_speedup if full else None  # both from the run's one Comparison record
+        with_cost = full.expected_speedup_measured_verify if full else None
         d1c.metric(L["metric_c"], f"{c:.3f}" if c is not None else "…", **_measuring(c))
         d2c.metric(L["metric_expected"], f"{textbook:.2f}×" if textbook else "…", **_measuring(textbook),
                    help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α (accepted ÷ checked) and measured c: "
@@ -435,7 +434,7 @@ def _race(ref: ui.RunRef, s: Settings) -> None:
     end_ms = max(spec_tl.total_ms, plain_tl.total_ms)
     t0 = ss.get(P + "race_t0")
     racing = t0 is not None and (time.time() - t0) * 1000 < end_ms + 300
-    speedup = summarize(spec.generation, plain.generation).speedup
+    speedup = compare(spec.generation, plain.generation).speedup
     if t0 is not None and not racing and speedup is not None:
         predict.reveal(P, predict_view.RACE, predict_view.reveal_race(speedup))
     elif t0 is None:
