@@ -6,7 +6,7 @@ from specviz.app.shell import inject_css, shell
 from specviz.app.sidebar import sidebar_settings
 
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
-                   initial_sidebar_state="expanded")
+                   initial_sidebar_state="auto")  # auto: open on a wide screen, closed on a phone, where it would cover the page
 
 # Each URL path is its file's stem, so a deep link on a fresh server (which still reads pages/ the
 # old way until st.navigation has run once) finds its page; shell.run_page then draws this shell around it.

@@ -12,12 +12,14 @@ from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
 from specviz.labs import how_far
 from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
+from specviz.app import predict
+from specviz.app.settings import cut_long_prompt
+from specviz.viz import predict as predict_view
 from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.viz import how_far as how_far_view
 from specviz.viz import strip
 
 P = "how_far."  # session_state prefix of this page
-MAX_PROMPT_CHARS = 20_000
 SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
 SLOT = jobs.Slot(P + "key", ("Measuring γ",), "Measure", changed=(
     "The prompt, γ values or settings changed since this measurement. Press **{button}** to run them; "
@@ -56,8 +58,11 @@ def _header(s: Settings) -> None:
 
 def _prompt_box() -> str:
     preset_buttons(P, _use_preset)
-    return st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
-                        max_chars=MAX_PROMPT_CHARS, persist_state="session")
+    prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
+                          on_change=cut_long_prompt, args=(ss, P + "prompt"), persist_state="session")
+    if note := ss.pop(P + "prompt.note", None):
+        st.warning(note, icon=":material/content_cut:")
+    return prompt
 
 
 def _gamma_picker(s: Settings) -> list[int]:
@@ -87,7 +92,7 @@ def _job_key(cfg: SweepConfig) -> jobs.Key:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
-    curves = how_far.measured_curves(sweep)
+    curves = how_far.main_curves(sweep)  # the best γ of the main curve: with the measured verify cost
     lev = curves.best if curves else None
     if s.level == "d1":
         if best is not None and best.speedup:
@@ -103,7 +108,8 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
                     help="Draft ms per drafted token ÷ one target step (median step of the target-only run).")
     slots[2].metric("target step", f"{sweep.target_step_ms:.0f} ms" if sweep.target_step_ms else "–",
                     help="Median time of one target forward for one new token, measured on this machine.")
-    slots[3].metric("best γ (Leviathan)", str(lev) if lev else "–")
+    slots[3].metric("best γ (expected)", str(lev) if lev else "–",
+                    help="The peak of the main curve: Leviathan's formula with the measured cost of a verify pass.")
     slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
 
 
@@ -124,7 +130,7 @@ def _sliders(sweep: Sweep | None) -> tuple[float, float]:
 
 def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None) -> None:
     measured = how_far.measured_curves(sweep) if sweep is not None else None
-    verify = how_far.measured_verify_curve(sweep) if sweep is not None and s.level == "d5" else None
+    verify = how_far.verify_curves(sweep) if sweep is not None else None
     custom = how_far.slider_curves(sweep, *slider) if slider is not None else None
     if measured is None and custom is None:
         return
@@ -147,15 +153,18 @@ def _honesty(sweep: Sweep, s: Settings) -> None:
     if not costs or s.level == "d1":
         return
     said = ", ".join(f"γ = {p.gamma}: {p.verify_steps:.1f}" for p in costs)
-    st.markdown(f"**Measured here:** one checking pass of the target cost {said} one-token steps. "
-                "Leviathan's formula counts every pass as 1 step, so the measured points sit below its curve "
-                "when a pass costs more.")
+    textbook = how_far.leviathan_curves(sweep.alpha, sweep.c) if sweep.alpha is not None and sweep.c is not None else None
+    verify = how_far.verify_cost_curves(sweep.alpha, sweep.c, sweep.verify_fit) if (
+        textbook is not None and sweep.verify_fit is not None) else None
+    where = how_far_view.curve_position_sentence(sweep.points, textbook, verify) if textbook is not None else ""
+    st.markdown(f"**Measured here:** one checking pass of the target cost {said} one-token steps, where "
+                f"Leviathan's formula counts every pass as 1 step. {where}")
     if s.level == "d5":
         fit = sweep.verify_fit
         if fit is not None:
             st.caption(f"Straight-line fit of the median verify cost: {fit.intercept:.2f} + {fit.slope:.3f}·n target "
-                       f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the dotted "
-                       "orange curve extrapolates).")
+                       f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the solid "
+                       "main curve extrapolates).")
         chart(how_far_view.verify_cost_bars(sweep.points, font_size(s)), P + "verify")
 
 
@@ -200,9 +209,15 @@ def main() -> None:
     done = jobs.results(SLOT, current)
     sweep: Sweep | None = done[0] if done else None
 
+    question = predict_view.gamma_question(sweep.config.gammas if sweep is not None else sorted(gammas))
+    best = sweep.best_measured if sweep is not None else None
+    if (best is None or best.speedup is None) and question.choices:
+        predict.ask(P, question)
     st.divider()
     if sweep is not None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
+        if best is not None and best.speedup is not None:
+            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup))
         _metrics(sweep, s)
     slider = _sliders(sweep) if s.level != "d1" else None
     _chart(sweep, s, slider)

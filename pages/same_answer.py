@@ -15,6 +15,7 @@ from specviz.app.sidebar import DRAFTER_TITLES, settings
 from specviz.labs import same_answer
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
+from specviz.app.settings import cut_long_prompt
 from specviz.viz import same_answer as same_answer_view
 
 P = "same_answer."  # session_state prefix of this page
@@ -22,7 +23,6 @@ DEFAULT_PROMPT = "story"  # measured: SmolLM2's int8 draft and its target disagr
 DEFAULT_SAMPLES = 2000  # measured on smollm2-135m, 2 tokens: ~5 s target alone + ~7 s speculative on this CPU
 DEFAULT_TOP_K = 3  # k=3 is caught at p ≈ 0 on the default prompt; k=1 distorts too little for 2000 samples
 ALPHA = 0.01  # the test's significance level
-MAX_PROMPT_CHARS = 20_000
 ss = st.session_state
 
 
@@ -35,7 +35,8 @@ def _names(level: str) -> dict[str, str]:
     if level == "d1":
         return {"target": "big model alone", "spec": "with the helper", "exact": "what the big model wants",
                 "same": "same?", "other": "everything else", "x": "the next words (· between pieces, ␣ = space)",
-                "y": "how often (share of all tries)"}
+                "y": "how often (share of all tries)", "greedy_target": "big model alone",
+                "greedy_spec": "with the helper"}
     return {**same_answer_view.DEFAULT_NAMES, "same": "same?"}
 
 
@@ -65,8 +66,11 @@ def _use_preset(preset_id: str) -> None:
 
 def _prompt_box() -> str:
     preset_buttons(P, _use_preset)
-    return st.text_area("Prompt (both parts continue this text)", key=P + "prompt", height=90,
-                        max_chars=MAX_PROMPT_CHARS)
+    prompt = st.text_area("Prompt (both parts continue this text)", key=P + "prompt", height=90,
+                          on_change=cut_long_prompt, args=(ss, P + "prompt"))
+    if note := ss.pop(P + "prompt.note", None):
+        st.warning(note, icon=":material/content_cut:")
+    return prompt
 
 
 # ------------------------------------------------------------------------------------------

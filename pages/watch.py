@@ -21,7 +21,11 @@ from specviz.labs.watch import RunRef
 from specviz.lessons import labels, lesson
 from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
+from specviz.app.settings import MAX_PROMPT_CHARS, cut_long_prompt
+from specviz.labs import how_far
+from specviz.app import predict
 from specviz.viz import export
+from specviz.viz import predict as predict_view
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
 from specviz.viz import strip
@@ -35,7 +39,6 @@ SPEEDS: dict[str, tuple[float, int]] = {
 WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
 MAX_LANES = 6  # lanes on screen: the current round and the ones before it
 PROMPT_URL_MAX = 1500  # longer prompts stay out of the URL
-MAX_PROMPT_CHARS = 20_000  # the prompt box's limit (the model's context is checked separately)
 ss = st.session_state
 
 
@@ -143,7 +146,9 @@ def _prompt_box() -> str:
     preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
                                     "creative": " — many good next words"})
     prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=110,
-                          max_chars=MAX_PROMPT_CHARS, persist_state="session")
+                          on_change=cut_long_prompt, args=(ss, P + "prompt"), persist_state="session")
+    if note := ss.pop(P + "prompt.note", None):
+        st.warning(note, icon=":material/content_cut:")
     preset = next((p.id for p in PRESETS if p.prompt == prompt), None)
     url: dict[str, str] = {"speed": ss[P + "speed"]} if ss[P + "speed"] != "normal" else {}
     if preset and preset != DEFAULT_PRESET:
@@ -155,15 +160,19 @@ def _prompt_box() -> str:
 
 
 def _d1_question(finished: bool) -> None:
+    """Ask before the run; after it, judge the recorded choice against this run's own check."""
     if ss.get(P + "revealed") or (finished and ss.get(P + "seen_end")):
         ss[P + "revealed"] = True
+        spec, plain = _views(_ref())
+        if spec and spec.generation:
+            same = None
+            if plain and plain.generation and spec.generation.config.sampling.greedy:
+                same = spec.generation.tokens == plain.generation.tokens
+            rejected = sum(1 for r in spec.generation.rounds if r.n_accepted < len(r.draft_ids))
+            predict.reveal(P, predict_view.D1_WORSE, predict_view.reveal_worse(same, rejected))
         st.html(f'<div class="sv-answer">{_md_to_html(lesson("d1", "answer"))}</div>')
         return
-    with st.container(border=True):
-        st.markdown(lesson("d1", "question"))
-        st.radio("Your guess", ("Yes, it gets worse", "No, it only takes longer", "Not sure"), key=P + "d1_guess",
-                 horizontal=True, index=None, label_visibility="collapsed", persist_state="session")
-        st.caption("The answer appears after the first run.")
+    predict.ask(P, predict_view.D1_WORSE, "The answer appears after the first run.")
 
 
 def _md_to_html(text: str) -> str:
@@ -234,7 +243,9 @@ def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: A
     if spec.state in ("failed", "cancelled", "queued"):
         jobs.show_status(ref.spec_key, spec, "This run", "Play")
     elif spec.state == "running":
-        st.caption(f":material/settings: {L['thinking'].capitalize()} (round {len(spec.rounds) + 1})")
+        st.caption(f":material/settings: {L['thinking'].capitalize()} "
+                   f"({L['round_name'].format(n=len(spec.rounds) + 1).lower()} is being computed; "
+                   f"the lanes replay the {'turns' if d1 else 'rounds'} already done)")
     elif spec.state == "done" and spec.generation is not None:
         g = spec.generation
         done = (f":material/check_circle: Finished: {len(g.tokens)} {L['tokens']} in {g.target_calls} big-model turns." if d1 else
@@ -282,32 +293,40 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
              L: Any, spec_id: Any) -> None:
     """Running figures: tokens per target call, acceptance, measured speed-up (and c, expected at D5)."""
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
-    points = pb.running_points(shown, base)
+    points = pb.settled(pb.running_points(shown, base))
     last = points[-1] if points else None
     final = compare(spec.generation, plain.generation) if (
         all_shown and spec.generation and plain is not None and plain.generation) else None
     speed = final.speedup if final else (last.speedup if last else None)
+    early = not final and shown and len(shown) < pb.SPEEDUP_FROM_ROUND
     if s.level == "d1":
         calls, made = len(shown), sum(len(r.new_ids) for r in shown)
-        st.markdown(f"**{made} words** written in **{calls} big-model turns**.  \n"
+        st.markdown(f"**{made} {L['tokens']}** written in **{calls} big-model turns**.  \n"
                     f"Without the helper it would take **{made} turns**.")
         st.markdown(f"With the helper it was **{strip.speed_words(speed)}**." if speed else
+                    "After a few turns we can tell how much sooner it is." if early else
                     "Now we time the big model working alone, to see how much sooner the helper made it…")
         return
     c1, c2, c3 = _metric_slots(3, s)
     c1.metric(L["metric_tpc"], f"{last.tokens_per_call:.2f}" if last else "–")
     c2.metric(L["metric_acc"], f"{last.acceptance:.0%}" if last and last.acceptance is not None else "–")
     c3.metric(L["metric_speed"], f"{speed:.2f}×" if speed else "…", **_measuring(speed),
-              help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here.")
+              help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here. "
+                   f"Shown from round {pb.SPEEDUP_FROM_ROUND}: the first rounds include the models warming up.")
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
+        d3c, _ = _metric_slots(2, s)  # two per row: three abreast cut the labels in the narrow column
         full = compare(spec.generation, plain.generation) if (
             spec.generation and plain is not None and plain.generation) else None
         c = full.c if full else None
-        expected = full.expected_speedup if full else None
+        textbook = full.expected_speedup if full else None  # both from the run's one Comparison record
+        with_cost = full.expected_speedup_measured_verify if full else None
         d1c.metric(L["metric_c"], f"{c:.3f}" if c is not None else "…", **_measuring(c))
-        d2c.metric(L["metric_expected"], f"{expected:.2f}×" if expected else "…", **_measuring(expected),
-                   help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α and measured c")
+        d2c.metric(L["metric_expected"], f"{textbook:.2f}×" if textbook else "…", **_measuring(textbook),
+                   help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α (accepted ÷ checked) and measured c: "
+                        "a verify pass counted as one target step")
+        d3c.metric(L["metric_expected_cost"], f"{with_cost:.2f}×" if with_cost else "…", **_measuring(with_cost),
+                   help="The same formula with the measured cost of this run's verify pass in place of the 1")
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
                lambda: watch_view.running_figure(points, L, font_size(s)))
@@ -336,7 +355,7 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
             options = list(range(state.drafts_shown))
             default = min(r.n_accepted, state.drafts_shown - 1)
             key = f"{P}tok.{hash(run_id) % 10**8}.{r.index}.{state.drafts_shown}"  # a new widget per round
-            pick = st.pills("Drafted tokens", options, default=default, key=key,
+            pick = st.pills("Drafted tokens", options, default=default, key=key, required=True,
                             format_func=lambda i: strip.pill_label(r, i, i < state.verdicts_shown))
             if pick is not None:
                 st.html(strip.rule_table_html(r, pick, s.level, pick < state.verdicts_shown))
@@ -408,12 +427,17 @@ def _race(ref: RunRef, s: Settings) -> None:
         st.caption(f"The race starts once both runs are measured "
                    f"(plain run: {made}/{ref.settings.max_new_tokens} {L['tokens']}).")
         return
-    st.button("Start the race", icon=":material/sports_score:", key=P + "race_go", on_click=_start_race, shortcut="G")
     spec_tl = pb.race_timeline(spec.rounds, len(spec.generation.tokens))
     plain_tl = pb.race_timeline(plain.rounds, len(plain.generation.tokens))
     end_ms = max(spec_tl.total_ms, plain_tl.total_ms)
     t0 = ss.get(P + "race_t0")
     racing = t0 is not None and (time.time() - t0) * 1000 < end_ms + 300
+    speedup = compare(spec.generation, plain.generation).speedup
+    if t0 is not None and not racing and speedup is not None:
+        predict.reveal(P, predict_view.RACE, predict_view.reveal_race(speedup))
+    elif t0 is None:
+        predict.ask(P, predict_view.RACE, "Answer, then press **Start the race**: the race answers it.")
+    st.button("Start the race", icon=":material/sports_score:", key=P + "race_go", on_click=_start_race, shortcut="G")
 
     @st.fragment(run_every=0.1 if racing else None)
     def race_view() -> None:
@@ -460,6 +484,18 @@ def _same_text(ref: RunRef, s: Settings) -> None:
                 "so the two texts can differ. Same seed and settings replay a run exactly.")
 
 
+def _drafter_verdict(ref: RunRef, s: Settings, device: str) -> None:
+    """Say so, from this run's own α and c, when the draft model cannot pay here (a GPU, mostly)."""
+    spec, plain = _views(ref)
+    if s.level == "d1" or ref.settings.drafter != "model" or not (
+            spec and plain and spec.generation and plain.generation):
+        return
+    trade = how_far.run_tradeoff(spec.generation, plain.generation)
+    line = watch_view.cannot_pay_line(trade, device) if trade is not None else None
+    if line:
+        st.warning(line, icon=":material/speed:")
+
+
 def _downloads(ref: RunRef) -> None:
     spec, plain = _views(ref)
     if not (spec and spec.generation):
@@ -500,10 +536,12 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
     with st.expander("Leviathan's trade-off", expanded=True):
         lesson_md("d5", "tradeoff")
         if spec and plain and spec.generation and plain.generation:
-            sm = compare(spec.generation, plain.generation)
-            if sm.alpha_checked is not None and sm.c is not None:
-                chart(watch_view.tradeoff_figure(sm.alpha_checked, sm.c, sm.gamma, sm.speedup, L, font_size(s)),
-                      P + "tradeoff")
+            trade = how_far.run_tradeoff(spec.generation, plain.generation)
+            if trade is not None:
+                chart(watch_view.tradeoff_figure(trade.textbook, trade.with_cost, trade.gamma, trade.measured,
+                                                 L, font_size(s)), P + "tradeoff")
+                st.caption(watch_view.tradeoff_sentence(trade.textbook, trade.with_cost, trade.verify_steps,
+                                                        trade.gamma, trade.measured))
         else:
             st.caption("The curve for this run's α and c appears once both runs are measured.")
     with st.expander("What one target pass costs here (measured)"):
@@ -569,6 +607,7 @@ def main() -> None:
         live(ref, s, status)
     st.divider()
     _same_text(ref, s)
+    _drafter_verdict(ref, s, pair.device.type)
     _race(ref, s)
     _downloads(ref)
     st.divider()

@@ -9,12 +9,14 @@ import streamlit as st
 
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
+from specviz.app import predict
+from specviz.presets import GROUP_TITLES, PRESETS
+from specviz.viz import predict as predict_view
 from specviz.app.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
 from specviz.labs import where_it_helps
 from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
-from specviz.presets import GROUP_TITLES
 from specviz.viz import strip
 from specviz.viz import where_it_helps as where_it_helps_view
 
@@ -126,6 +128,7 @@ def _results(res: WorkloadResults, s: Settings) -> None:
     if not res.rows:
         st.info("No workload could be measured.")
     else:
+        st.markdown(where_it_helps_view.headline(res.rows, s.level))
         chart(where_it_helps_view.workload_bars(res.rows, s.level, font_size(s)), P + "bars")
         _summary(res, s)
         if s.level != "d1":
@@ -168,9 +171,16 @@ def main() -> None:
     requested = ss.pop(P + "run_request", False)
     bench_path = where_it_helps.find_bench(s.pair)
     source = _source(s, bench_path)
+    question = predict_view.workload_question([p.title for p in PRESETS])
     res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
+    scored = [r for r in res.rows if r.speedup is not None] if res is not None else []
+    if not scored:
+        predict.ask(P, question)
     st.divider()
     if res is not None:
+        if scored:
+            best = max(scored, key=lambda r: r.speedup)
+            predict.reveal(P, question, predict_view.reveal_workload(best.title, best.speedup))
         _results(res, s)
     lesson_md(s.level, "where_why")
     if s.level == "d5":

@@ -12,6 +12,8 @@ import streamlit as st
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.policy import bounded
+from specviz.app import predict
+from specviz.viz import predict as predict_view
 from specviz.app.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
@@ -26,6 +28,7 @@ from specviz.viz.strip import speed_words
 P = "why_cheap."  # session_state prefix of this page
 GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
+BATCH_REPEATS = 7  # with 3 the medians jumped between batch sizes (1.32 → 1.72 → 1.23 → 1.35×, issue 13); 7 steady them
 ss = st.session_state
 
 log = logging.getLogger("specviz.app")
@@ -57,7 +60,7 @@ PASS = Section("pass", ("How long does checking take?", "One pass, more new toke
                "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
                "on this CPU).", "Timing the target's passes", "The repeats or the pair")
 BATCH = Section("batch", ("Many stories at once", "Busy servers: the batch effect"), "cheap_batch",
-                ("Try many at once", "Measure the batch effect"), ":material/stacks:", "Repeats per batch size", 3,
+                ("Try many at once", "Measure the batch effect"), ":material/stacks:", "Repeats per batch size", BATCH_REPEATS,
                 "Each repeat times a step, a verify pass and a draft step at every batch size (about 6 s per repeat "
                 "with the Qwen pair on this CPU).", "Measuring the batch effect",
                 "γ, the decoding mode, the repeats or the pair")
@@ -113,8 +116,12 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
 def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
                         lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg))
+    if cost is None or 16 not in cost.ks:
+        predict.ask(P, predict_view.CHEAP, "Answer, then press the button: the stopwatch answers it.")
     if cost is None:
         return
+    if 16 in cost.ks:
+        predict.reveal(P, predict_view.CHEAP, predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms))
     st.markdown(_pass_words(cost, s))
     fs = font_size(s)
     if s.level == "d1":
@@ -191,6 +198,8 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
         st.warning(f"No batch size could be measured: {effect.stopped}.")
         return
     st.markdown(_batch_words(effect, s))
+    if line := why_cheap_view.batch_pattern_sentence(effect, s.level):
+        st.markdown(line)
     fs = font_size(s)
     ref = reference.batch_effect if reference else None
     if d1:
@@ -234,11 +243,17 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
         return
     parts = [p for p in (reference.pass_cost, reference.batch_effect) if p is not None]
     machine = parts[0].machine if parts else None
-    st.success(f"GPU figures measured with the same code on {machine.name if machine else 'a GPU'} "
-               f"({reference.note or 'no note'}); they are drawn in orange in the charts above.",
+    st.markdown(f"#### A second machine: {machine.name if machine else 'a GPU'}")
+    st.success(f"Measured with the same code on {machine.name if machine else 'a GPU'} "
+               f"({reference.note or 'no note'}); drawn in orange in the charts above.",
                icon=":material/developer_board:")
     if reference.pass_cost is not None:
+        st.markdown(why_cheap_view.gpu_sentence(reference, s.gamma))
         st.dataframe(why_cheap_view.pass_table(reference.pass_cost), hide_index=True)
+    if reference.step_cost is not None and s.level == "d5":
+        st.dataframe(why_cheap_view.step_cost_table(reference.step_cost), hide_index=True)
+    st.caption("Measure another GPU with the same code:")
+    st.code(GPU_COMMAND, language="bash")
 
 
 # ------------------------------------------------------------------------------------------

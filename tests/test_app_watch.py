@@ -30,7 +30,7 @@ class ShellAppTest(AppTest):
 
 def make_app(**query: str) -> AppTest:
     at = ShellAppTest(APP, default_timeout=120)
-    at.query_params.update({"pair": "tiny-random", "max_new": "16", **query})
+    at.query_params.update({"pair": "tiny-random", "max_new": "16", "level": "d2", **query})  # tests start at D2 unless they say
     return at
 
 
@@ -197,10 +197,13 @@ def test_d1_asks_before_and_answers_after():
     at = make_app(level="d1")
     at.run()
     assert "does the final answer get worse" in texts(at)
-    assert at.radio(key="watch.d1_guess").value is None
-    at.radio(key="watch.d1_guess").set_value("Yes, it gets worse").run()
+    assert at.radio(key="watch.predict.worse").value is None
+    at.radio(key="watch.predict.worse").set_value("Yes, it gets worse").run()
     play_to_end(at)
     assert "does not get worse" in html(at)
+    # the recorded choice is judged, and the run's own check is quoted
+    assert "You predicted “Yes, it gets worse”; the answer is “No, it only takes longer”" in html(at)
+    assert "word for word the same" in html(at)
 
 
 def test_empty_prompt_is_a_friendly_message():

@@ -234,3 +234,45 @@ def test_a_link_naming_server_folders_is_refused_in_chromium(server):
         shown = page.locator("body").inner_text()
         assert "/etc" not in shown and "/root" not in shown and "hf:" not in shown
         _shot(page, "refused-link.png")
+
+
+WIDER_THAN_SCREEN = """() => [...document.querySelectorAll('[data-testid=stPlotlyChart], img, .sv-lane, table, .sv-text')]
+  .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.className || e.tagName)"""
+
+
+def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
+    """On a 390 px phone: the sidebar starts closed, nothing is wider than the screen, and the text box shows its end."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 5200})
+            page.set_default_timeout(RUN_TIMEOUT_MS)
+            expect.set_options(timeout=RUN_TIMEOUT_MS)
+            long_prompt = "".join(f"Line {i} of a long prompt.\n" for i in range(40)) + PROMPT  # ~1,000 tokens on a byte-level pair
+            from urllib.parse import quote
+            page.goto(f"{server}/?pair={PAIR}&max_new={MAX_NEW}&speed=fastest&prompt={quote(long_prompt)}")
+            expect(page.get_by_text("Watch the helper at work")).to_be_visible()  # a fresh visit opens at D1
+            sidebar = page.locator('[data-testid="stSidebar"]')
+            assert sidebar.count() == 0 or sidebar.bounding_box() is None or sidebar.bounding_box()["x"] < 0 \
+                or sidebar.get_attribute("aria-expanded") == "false"
+            page.get_by_role("button", name=PLAY).click()
+            expect(page.locator(".sv-lane").nth(2)).to_be_visible()
+            expect(page.locator(".sv-fold")).to_have_count(1)  # the long prompt is folded to its last lines
+            box = page.locator(".sv-text").first
+            # the box is scrolled to its end: the caret (newest text) lies inside the box's visible area
+            inside = box.evaluate("""b => { const c = b.querySelector('.sv-caret').getBoundingClientRect();
+                                           const r = b.getBoundingClientRect(); return c.bottom <= r.bottom + 1 && c.top >= r.top - 1; }""")
+            assert inside
+            for _ in range(90):
+                if page.get_by_role("button", name=PLAY).count():
+                    break
+                page.wait_for_timeout(1000)
+            page.wait_for_timeout(1500)
+            _no_exception(page)
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390
+            assert page.evaluate(WIDER_THAN_SCREEN) == []
+            _shot(page, "watch-phone.png", "screenshot-phone.png")
+        finally:
+            browser.close()

@@ -164,13 +164,18 @@ def _point(g: int, speed: float) -> how_far.GammaPoint:
 def test_how_far_figure_shows_curves_points_and_best_gamma():
     measured = how_far.leviathan_curves(0.8, 0.1)
     points = [_point(1, 1.2), _point(4, 1.6), _point(8, 1.3)]
-    fig = how_far_view.how_far_figure(measured, points, None, how_far.verify_cost_curve(0.8, 0.1, metrics.VerifyFit(0.5, 0.4, 9)),
-                                   level="d5", font_size=13)
+    verify = how_far.verify_cost_curves(0.8, 0.1, metrics.VerifyFit(0.5, 0.4, 9))
+    fig = how_far_view.how_far_figure(measured, points, None, verify, level="d5", font_size=13)
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]
-    assert "Leviathan (measured α, c)" in names and "measured" in names and "with measured verify cost" in names
+    assert "Leviathan, verify = 1 step" in names and "measured" in names and "Leviathan with measured verify cost" in names
+    # the main curve carries the measured verify cost: its best γ is starred, the textbook curve is dashed
     stars = [t for t in fig.data if t.marker and t.marker.symbol == "star"]
-    assert len(stars) == 1 and stars[0].x[0] == measured.best
+    assert len(stars) == 1 and stars[0].x[0] == verify.best and verify.best < measured.best
+    assert all(t.line.dash == "dash" for t in fig.data if t.name == "Leviathan, verify = 1 step")
+    plain = how_far_view.how_far_figure(measured, points, None, None, level="d5")  # nothing to fit: the textbook star
+    assert [t.x[0] for t in plain.data if t.marker and t.marker.symbol == "star"] == [measured.best]
+    assert "Leviathan (measured α, c)" in [t.name for t in plain.data]
     crosses = [t for t in fig.data if t.mode == "markers" and t.yaxis == "y2"]
     assert list(crosses[0].x) == [1, 4, 8] and list(crosses[0].y) == [1.2, 1.6, 1.3]
     assert max(crosses[0].marker.size) == crosses[0].marker.size[1]  # the best measured γ (4) is drawn larger

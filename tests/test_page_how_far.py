@@ -58,7 +58,7 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     at = measure(open_page(level="d5"))
     metrics = {m.label: m.value for m in at.metric}
     assert float(metrics["α (measured)"]) <= 1.0 and float(metrics["c (measured)"]) > 0
-    assert metrics["best γ (Leviathan)"].isdigit() and metrics["target step"].endswith("ms")
+    assert metrics["best γ (expected)"].isdigit() and metrics["target step"].endswith("ms")
     assert len(at.get("plotly_chart")) >= 2  # the curves and the verify-cost bars
     table = at.dataframe[0].value
     assert list(table["γ"]) == [1, 2, 4, 8] and (table["speed-up (measured)"] > 0).all()

@@ -57,7 +57,9 @@ def test_page_opens_without_running_a_model():
     labels = [b.label for b in at.button]
     assert "Measure pass times" in labels and "Measure the batch effect" in labels
     assert not at.get("plotly_chart")  # nothing measured yet
-    assert "No GPU figures measured yet" in texts(at)
+    # the shipped H200 figures: a second machine, clearly labelled, times only
+    assert "A second machine: NVIDIA H200" in texts(at) and "random weights" in texts(at)
+    assert "cannot pay on that GPU" in texts(at)
     assert any("--device cuda" in c.value for c in at.code)
     assert "why_cheap.pass" not in at.session_state
 
@@ -110,7 +112,7 @@ def test_batch_effect_appears_with_its_honest_caption():
     spec = next(c for c in charts(at) if c["layout"]["yaxis"]["title"]["text"] == "expected speed-up (×)")
     names = [t.get("name") for t in spec["data"]]
     assert "1.0 = no gain" in names and any(str(n).startswith("this machine") for n in names)
-    table = at.dataframe[-1].value
+    table = next(d.value for d in at.dataframe if "r = verify ÷ step" in d.value.columns)
     assert list(table["batch"]) == [1, 2, 4, 8]
     job = jobs.runner().get(key)
     at.radio(key="cfg.level").set_value("d1").run()

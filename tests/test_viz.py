@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from specviz.core.trace import GenerationConfig, Generation, RoundTrace, TopDist
+from specviz.labs import how_far
 from specviz.lessons import labels
 from specviz.viz import export
 from specviz.viz import watch as watch_view
@@ -142,7 +143,10 @@ def test_figures_build(rounds):
     assert len(watch_view.running_figure(pb.running_points(rounds, None), L).data) == 1
     tl = pb.race_timeline(rounds)
     assert len(watch_view.race_figure(tl, tl, L).data) == 2
-    assert len(watch_view.tradeoff_figure(0.7, 0.1, 4, 1.8, L).data) == 3
+    book = how_far.leviathan_curves(0.7, 0.1)
+    assert len(watch_view.tradeoff_figure(book, None, 4, 1.8, L).data) == 4  # curve, best γ, this γ, measured
+    cost = how_far.verify_cost_curves(0.7, 0.1, how_far.VerifyFit(0.6, 0.3, 5))
+    assert len(watch_view.tradeoff_figure(book, cost, 4, 1.8, L).data) == 5  # and the dashed textbook curve
     assert len(watch_view.verify_cost_figure(rounds, rounds, L).data) == 2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -16,13 +16,14 @@ from specviz.lessons import LEVELS, Level
 
 # the names imported above are the app's view of core.limits, core.drafters and lessons (one definition each)
 LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
+MAX_PROMPT_CHARS = 20_000  # a prompt box keeps this many characters (the model's context is checked separately)
 
 
 @dataclass(frozen=True)
 class Settings:
     """Everything the sidebar decides; frozen so pages can use it as (part of) a cache key."""
 
-    level: Level = "d2"  # explanation depth: words and how much is shown, never the run
+    level: Level = "d1"  # explanation depth: words and how much is shown, never the run; a fresh visit opens at the story
     pair: str = "qwen-coder"  # named target/draft pair from specviz.models
     drafter: DrafterName = "model"  # small model drafts, or prompt lookup (n-gram, no second model)
     mode: str = "greedy"  # greedy (argmax) or sample
@@ -186,3 +187,16 @@ def prompt_problem(prompt: str, n_prompt_tokens: int, context_length: int, max_n
             f"this model pair can read ({context_length:,} tokens). Shorten the prompt or lower “Max new tokens”."
         )
     return None
+
+
+def cut_long_prompt(state: MutableMapping[str, Any], key: str, limit: int = MAX_PROMPT_CHARS) -> None:
+    """A prompt box's on_change: keep the first `limit` characters of a longer paste and leave a note at key + ".note".
+
+    The box has no max_chars of its own, because Streamlit's front end drops a paste over that limit
+    without a word, and the pupil then meets an empty box.
+    """
+    text = state.get(key) or ""
+    if len(text) > limit:
+        state[key] = text[:limit]
+        state[key + ".note"] = (f"The pasted text had {len(text):,} characters; the box keeps the first {limit:,} "
+                                f"and cut the last {len(text) - limit:,}.")

@@ -6,7 +6,6 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from specviz.app.settings import Settings
 from specviz.core import metrics
@@ -121,9 +120,62 @@ def leviathan_curves(alpha: float, c: float, gammas: Sequence[int] = CURVE_GAMMA
     )
 
 
+def best_case_speedup(gamma: float, c: float, verify_steps: float = 1.0) -> float:
+    """The speed-up if every guess were accepted, (γ + 1) / (γc + verify): no α can do better."""
+    return (gamma + 1) / (gamma * c + verify_steps)
+
+
 def verify_cost_curve(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> tuple[float, ...]:
     """Leviathan's speed-up at every γ with the fitted verify cost in place of one target step."""
     return tuple(speedup_with_verify_cost(alpha, g, c, fit) for g in gammas)
+
+
+def verify_cost_curves(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> Curves:
+    """Leviathan's curves with the measured verify cost in place of one step, and the best γ of that curve."""
+    speed = verify_cost_curve(alpha, c, fit, gammas)
+    best = max(range(len(speed)), key=speed.__getitem__)
+    return Curves(alpha, c, tuple(gammas), tuple(metrics.expected_tokens_per_round(alpha, g) for g in gammas),
+                  speed, tuple(gammas)[best])
+
+
+def run_verify_fit(spec: Generation, baseline: Generation) -> VerifyFit | None:
+    """The verify-cost line of one speculative run and its target-only baseline (the Watch page's single γ)."""
+    return metrics.verify_fit_of(baseline, spec.rounds)
+
+
+@dataclass(frozen=True)
+class RunTradeoff:
+    """One speculative run against its baseline on Leviathan's curves (the Watch page's D5 chart)."""
+
+    textbook: Curves  # a verify pass costs one target step
+    with_cost: Curves | None  # the measured verify cost in its place (None: fewer than two pass sizes measured)
+    gamma: float  # the run's γ (mean drafted per round when adaptive or prompt lookup)
+    verify_steps: float | None  # fitted cost of this run's pass over γ + 1 tokens, in target steps
+    measured: float | None  # the run's measured speed-up
+
+    def expected(self, with_cost: bool = True) -> float | None:
+        """The expected speed-up at this run's γ: with the measured verify cost, or the textbook's one step."""
+        if with_cost and (self.with_cost is None or self.verify_steps is None):
+            return None
+        verify = self.verify_steps if with_cost and self.verify_steps else 1.0
+        book = self.textbook
+        return metrics.expected_tokens_per_round(book.alpha, self.gamma) / (self.gamma * book.c + verify)
+
+
+def run_tradeoff(spec: Generation, baseline: Generation) -> RunTradeoff | None:
+    """The run's Comparison (α checked, robust c, γ, measured speed-up) on Leviathan's curves; None until measurable."""
+    cmp = metrics.compare(spec, baseline)
+    if cmp.alpha_checked is None or cmp.c is None:
+        return None
+    gamma = cmp.gamma or float(spec.config.gamma)
+    fit = run_verify_fit(spec, baseline)
+    return RunTradeoff(
+        textbook=leviathan_curves(cmp.alpha_checked, cmp.c),
+        with_cost=verify_cost_curves(cmp.alpha_checked, cmp.c, fit) if fit else None,
+        gamma=gamma,
+        verify_steps=max(fit.steps(gamma + 1), 1e-9) if fit else None,
+        measured=cmp.speedup,
+    )
 
 
 def _point(gamma: int, gen: Generation, baseline: Generation, step_ms: float | None) -> GammaPoint:
@@ -208,11 +260,16 @@ def expected_at(sweep: Sweep, gamma: int) -> float | None:
     return leviathan_curves(sweep.alpha, sweep.c, (gamma,)).speedup[0]
 
 
-def measured_verify_curve(sweep: Sweep) -> tuple[float, ...] | None:
-    """The speed-up curve with the measured verify cost in place of Leviathan's one step (None if not measured)."""
+def verify_curves(sweep: Sweep) -> Curves | None:
+    """The curves with the measured verify cost in place of Leviathan's one step (None if not measured)."""
     if sweep.alpha is None or sweep.c is None or sweep.verify_fit is None:
         return None
-    return verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
+    return verify_cost_curves(sweep.alpha, sweep.c, sweep.verify_fit)
+
+
+def main_curves(sweep: Sweep) -> Curves | None:
+    """The page's main curve: with the measured verify cost when it was measured, else the textbook one."""
+    return verify_curves(sweep) or measured_curves(sweep)
 
 
 def _slider_value(x: float, lo: float, hi: float) -> float:

@@ -214,6 +214,32 @@ class BatchEffect:
     def speedups(self) -> tuple[float | None, ...]:
         return tuple(self.speedup_at(p) for p in self.points)
 
+    def speedup_range(self, point: BatchPoint) -> tuple[float, float] | None:
+        """Lowest and highest expected speed-up over the repeats (repeat i's step, verify and draft times together)."""
+        if self.alpha is None or self.c is None or not self.points:
+            return None
+        base = self.points[0].draft_ratio
+        each = [expected_speedup_at_cost(self.alpha, self.gamma, self.c * (d / s) / base, v / s)
+                for s, v, d in zip(point.step_ms, point.verify_ms, point.draft_ms)]
+        return (min(each), max(each)) if each else None
+
+    def pattern(self) -> str:
+        """How the speed-up moves with the batch, judged against the repeats' spread.
+
+        "declines": the largest batch's whole range lies below batch 1's (the textbook pattern);
+        "rises": it lies above; "flat": the ranges overlap, so the repeats cannot tell them apart;
+        "unknown": fewer than two batch sizes, or nothing to compute.
+        """
+        ranges = [self.speedup_range(p) for p in self.points]
+        if len(ranges) < 2 or ranges[0] is None or ranges[-1] is None:
+            return "unknown"
+        (lo1, hi1), (lo_n, hi_n) = ranges[0], ranges[-1]
+        if hi_n < lo1:
+            return "declines"
+        if lo_n > hi1:
+            return "rises"
+        return "flat"
+
     @property
     def spread(self) -> float:
         return spread([t for p in self.points for t in (p.step_ms, p.verify_ms, p.draft_ms)])
@@ -465,12 +491,36 @@ def batch_effect_from_dict(d: Mapping[str, Any]) -> BatchEffect:
 
 
 @dataclass(frozen=True)
+class StepCost:
+    """One-token step times of the target and the draft measured elsewhere, per batch size (c is their ratio)."""
+
+    pair: str  # what was timed (for random-weight shapes, say so)
+    batches: tuple[int, ...]
+    target_step_ms: tuple[tuple[float, ...], ...]  # repeats per batch size
+    draft_step_ms: tuple[tuple[float, ...], ...]
+    generate_ms_per_token: tuple[tuple[str, float], ...] = ()  # transformers `generate`, per setup
+
+    def c_at(self, batch: int) -> float:
+        """Median draft step ÷ median target step at one batch size."""
+        i = self.batches.index(batch)
+        return statistics.median(self.draft_step_ms[i]) / statistics.median(self.target_step_ms[i])
+
+
+def step_cost_from_dict(d: Mapping[str, Any]) -> StepCost:
+    return StepCost(str(d["pair"]), tuple(int(b) for b in d["batches"]),
+                    tuple(tuple(map(float, ts)) for ts in d["target_step_ms"]),
+                    tuple(tuple(map(float, ts)) for ts in d["draft_step_ms"]),
+                    tuple((str(k), float(v)) for k, v in d.get("generate_ms_per_token", {}).items()))
+
+
+@dataclass(frozen=True)
 class Reference:
     """Figures measured elsewhere with this code (a GPU), to show next to this machine's."""
 
     pass_cost: PassCost | None
     batch_effect: BatchEffect | None
     note: str  # where and how they were measured
+    step_cost: StepCost | None = None  # target and draft step times (valid even with random weights)
 
 
 def load_reference(path: Path = GPU_FIGURES) -> Reference | None:
@@ -478,6 +528,6 @@ def load_reference(path: Path = GPU_FIGURES) -> Reference | None:
     if not path.is_file():
         return None
     d = json.loads(path.read_text(encoding="utf-8"))
-    pc, be = d.get("pass_cost"), d.get("batch_effect")
+    pc, be, sc = d.get("pass_cost"), d.get("batch_effect"), d.get("step_cost")
     return Reference(pass_cost_from_dict(pc) if pc else None, batch_effect_from_dict(be) if be else None,
-                     str(d.get("note", "")))
+                     str(d.get("note", "")), step_cost_from_dict(sc) if sc else None)

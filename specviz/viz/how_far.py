@@ -24,17 +24,20 @@ WORDS: dict[str, dict[str, str]] = {
     "d1": {
         "x": "how many words the helper guesses each turn", "tokens": "words per big-model turn",
         "speed": "how much sooner (× faster)", "curve": "what the maths predicts", "points": "what we measured",
-        "custom": "your helper", "best": "best", "verify": "", "none": "no gain",
+        "custom": "your helper", "best": "best", "verify": "what the maths predicts for this computer",
+        "textbook": "", "none": "no gain",
     },
     "d2": {
         "x": "γ — tokens guessed per round", "tokens": "tokens per round", "speed": "speed-up (×)",
         "curve": "expected (measured α, c)", "points": "measured here", "custom": "expected (your α, c)",
-        "best": "best γ", "verify": "", "none": "no gain",
+        "best": "best γ", "verify": "expected, with the measured cost of a check",
+        "textbook": "textbook (a check costs 1 step)", "none": "no gain",
     },
     "d5": {
         "x": "γ (draft length, tokens)", "tokens": "E[tokens per round]", "speed": "speed-up (× wall time)",
         "curve": "Leviathan (measured α, c)", "points": "measured", "custom": "Leviathan (slider α, c)",
-        "best": "best γ", "verify": "with measured verify cost", "none": "1× = no gain",
+        "best": "best γ", "verify": "Leviathan with measured verify cost",
+        "textbook": "Leviathan, verify = 1 step", "none": "1× = no gain",
     },
 }
 
@@ -69,35 +72,38 @@ def _points(fig: go.Figure, points: Sequence[GammaPoint], field: str, name: str,
 
 
 def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom: Curves | None = None,
-                   verify_curve: Sequence[float] | None = None, level: str = "d2", font_size: int = 13) -> go.Figure:
+                   verify: Curves | None = None, level: str = "d2", font_size: int = 13) -> go.Figure:
     """Expected tokens per round (top) and expected speed-up (bottom) against γ = 1..16.
 
-    `measured`: the curves for the measured α and c; `points`: the measured runs; `custom`: the
-    sliders' curves (None when the sliders sit on the measurement); `verify_curve`: speed-up with the
-    measured verify cost (D5). D1 shows the speed-up panel only.
+    `measured`: the textbook curves for the measured α and c (a verify pass costs one step); `verify`:
+    the same with the measured verify cost, which then is the main curve with the star while the
+    textbook one is dashed; `points`: the measured runs; `custom`: the sliders' curves (None when the
+    sliders sit on the measurement). D1 shows the speed-up panel only.
     """
     w = WORDS.get(level, WORDS["d2"])
     both = level != "d1"
     fig = make_subplots(rows=2 if both else 1, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     speed_row = 2 if both else 1
     best_point = max((p for p in points if p.speedup is not None), key=lambda p: p.speedup, default=None)
-    for curves, name, colour, dash in ((measured, w["curve"], SPEED_COLOUR, "solid"),
-                                       (custom, w["custom"], CUSTOM_COLOUR, "dash")):
+    main = (verify, w["verify"]) if verify is not None else (measured, w["curve"])
+    textbook = measured if verify is not None and w["textbook"] else None
+    for curves, name, colour, dash, star in ((main[0], main[1], SPEED_COLOUR, "solid", True),
+                                             (textbook, w["textbook"], PLAIN_COLOUR, "dash", False),
+                                             (custom, w["custom"], CUSTOM_COLOUR, "dash", True)):
         if curves is None:
             continue
         if both:
             _curve(fig, curves.gammas, curves.tokens, name, colour, dash, 1, False, ".2f")
         _curve(fig, curves.gammas, curves.speedup, name, colour, dash, speed_row, True, ".2f")
-        _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row)
-    if verify_curve is not None and measured is not None and w["verify"]:
-        _curve(fig, measured.gammas, verify_curve, w["verify"], VERIFY_COLOUR, "dot", speed_row, True, ".2f")
+        if star:
+            _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row)
     if both:
         _points(fig, points, "tokens_per_round", w["points"], 1, False, None, ".2f")
     _points(fig, points, "speedup", w["points"], speed_row, True, best_point.gamma if best_point else None, ".2f")
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1), row=speed_row, col=1,
                   annotation_text=w["none"], annotation_position="bottom right",
                   annotation_font=dict(color=PLAIN_COLOUR, size=max(font_size - 2, 9)))
-    top = max([1.5] + [y for c in (measured, custom) if c for y in c.speedup]
+    top = max([1.5] + [y for c in (measured, custom, verify) if c for y in c.speedup]
               + [p.speedup for p in points if p.speedup is not None])
     fig.update_yaxes(title_text=w["speed"], ticksuffix="×", range=[0, top * 1.15], row=speed_row, col=1)
     if both:
@@ -115,9 +121,42 @@ def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Fi
                 name="measured", hovertemplate="γ = %{x}: %{y:.2f} target steps<extra></extra>")
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot"), annotation_text="Leviathan's assumption: 1 step",
                   annotation_position="top left")
-    return layout(fig, 260, font_size, margin=dict(l=10, r=10, t=30, b=10), showlegend=False,
-                  xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
-                  yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"))
+    fig.update_layout(template="plotly_white", height=260, font=dict(size=font_size), margin=dict(l=10, r=10, t=30, b=10),
+                      xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
+                      yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"), showlegend=False)
+    return fig
+
+
+def _gammas(points: Sequence[GammaPoint]) -> str:
+    names = [str(p.gamma) for p in points]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _sides(points: Sequence[GammaPoint], curves: Curves, margin: float) -> tuple[list[GammaPoint], list[GammaPoint]]:
+    """The measured points below and above a curve (by more than `margin`×; those on it are in neither)."""
+    at = dict(zip(curves.gammas, curves.speedup))
+    scored = [p for p in points if p.speedup is not None and p.gamma in at]
+    return ([p for p in scored if p.speedup < at[p.gamma] - margin],
+            [p for p in scored if p.speedup > at[p.gamma] + margin])
+
+
+def curve_position_sentence(points: Sequence[GammaPoint], textbook: Curves, verify: Curves | None,
+                            margin: float = 0.05) -> str:
+    """Where the measured points sit against the textbook curve (and the measured-cost one), said from the data."""
+    below, above = _sides(points, textbook, margin)
+    parts = []
+    if below:
+        parts.append(f"below the textbook curve at γ = {_gammas(below)}")
+    if above:
+        parts.append(f"above it at γ = {_gammas(above)}")
+    said = "The measured points sit " + " and ".join(parts) if parts else \
+        "The measured points sit on the textbook curve (within ±0.05×)"
+    if verify is None:
+        return said + "."
+    v_below, v_above = _sides(points, verify, margin)
+    near = len([p for p in points if p.speedup is not None]) - len(v_below) - len(v_above)
+    return (f"{said}; the curve with the measured verify cost passes within ±{margin:.2f}× of {near} of them. "
+            f"Its best γ is {verify.best}, the textbook's {textbook.best}.")
 
 
 def sweep_table(sweep: Sweep, level: str) -> Styler:

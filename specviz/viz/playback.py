@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from specviz.core.trace import RoundTrace
@@ -154,6 +154,14 @@ def running_points(rounds: Sequence[RoundTrace], base_ms_per_token: float | None
         speedup = base_ms_per_token / per_token if base_ms_per_token and per_token > 0 else None
         points.append(RunningPoint(i + 1, acceptance_drafted(seen), tokens_per_target_call(seen) or 0.0, per_token, speedup))
     return points
+
+
+SPEEDUP_FROM_ROUND = 3  # the first rounds carry warm-up costs (first calls, cache growth): a speed-up from them alarms
+
+
+def settled(points: Sequence[RunningPoint], from_round: int = SPEEDUP_FROM_ROUND) -> list[RunningPoint]:
+    """The running points with the speed-up left out before `from_round` (too few rounds to measure it)."""
+    return [p if p.round >= from_round else replace(p, speedup=None) for p in points]
 
 
 @dataclass(frozen=True)

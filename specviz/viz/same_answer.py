@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.same_answer import GreedyComparison, HistogramRow
-from specviz.viz.style import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, chart_label, layout
+from specviz.viz.style import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, chart_label, layout, wrap_tick
 from specviz.viz.strip import VISIBLE, esc
 
 Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words
@@ -16,6 +16,7 @@ DEFAULT_NAMES: dict[str, str] = {
     "exact": "target's exact probability", "target": "target alone (sampled)", "spec": "speculative (sampled)",
     "other": "everything else", "x": "continuation (tokens separated by ·, ␣ = space)",
     "y": "share of samples (probability)",
+    "greedy_target": "target alone (greedy)", "greedy_spec": "speculative (greedy)",
 }
 
 
@@ -37,8 +38,8 @@ def greedy_table(cmp: GreedyComparison, names: Names) -> pd.DataFrame:
             for i in range(n)]
     return pd.DataFrame({
         "#": list(range(1, n + 1)),
-        names.get("target", "target alone"): [cell(cmp.plain_texts, i) for i in range(n)],
-        names.get("spec", "speculative"): [cell(cmp.spec_texts, i) for i in range(n)],
+        names.get("greedy_target", DEFAULT_NAMES["greedy_target"]): [cell(cmp.plain_texts, i) for i in range(n)],
+        names.get("greedy_spec", DEFAULT_NAMES["greedy_spec"]): [cell(cmp.spec_texts, i) for i in range(n)],
         names.get("same", "same?"): ["✓" if ok else "✗ differs" for ok in same],
     })
 
@@ -73,8 +74,9 @@ def histogram_figure(rows: Sequence[HistogramRow], names: Names, font_size: int 
     for name, ys, colour, pattern in series:
         fig.add_bar(x=xs, y=ys, name=esc(name), marker_color=colour,
                     marker_pattern_shape=pattern, hovertemplate="%{y:.3f}<extra></extra>")
-    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=_unique([row_label(r, names) for r in rows]),
-                     title=names.get("x", DEFAULT_NAMES["x"]), tickangle=-35)
+    ticks = [wrap_tick(t, 10) for t in _unique([row_label(r, names) for r in rows])]  # lines, not a cut slant
+    fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks, title=names.get("x", DEFAULT_NAMES["x"]),
+                     tickangle=0)
     fig.update_yaxes(title=names.get("y", DEFAULT_NAMES["y"]), rangemode="tozero", tickformat=".0%")
     kw = dict(title=dict(text=title, x=0, font=dict(size=font_size + 1))) if title else {}
     fig = layout(fig, 420, font_size, barmode="group", **kw)

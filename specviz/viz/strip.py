@@ -79,15 +79,38 @@ def computing_lane_html(index: int, labels: Labels) -> str:
     )
 
 
+PROMPT_TAIL_LINES = 3  # a long prompt shows only its last lines, so the generated text stays in view
+PROMPT_TAIL_CHARS = 240
+
+
+def fold_prompt(prompt: str, lines: int = PROMPT_TAIL_LINES, chars: int = PROMPT_TAIL_CHARS) -> tuple[str, str]:
+    """Split a prompt into (folded head, shown tail): the tail is its last `lines` lines, at most `chars` characters."""
+    tail = "\n".join(prompt.split("\n")[-lines:])
+    if len(tail) > chars:
+        cut = tail[-chars:]
+        space = cut.find(" ")  # start the tail at a word boundary when one is near
+        tail = cut[space + 1:] if 0 <= space < 40 else cut
+    return prompt[: len(prompt) - len(tail)], tail
+
+
 def text_html(prompt: str, segments: Sequence[Segment], labels: Labels, code: bool = False) -> str:
-    """The prompt (grey) and the text so far, each token coloured and underlined by origin."""
+    """The prompt (grey, a long one folded to its last lines) and the text so far, coloured by origin.
+
+    The box scrolls from its end (CSS column-reverse), so the newest token is always in view.
+    """
     kind_class = {"accepted": "sv-t-acc", "correction": "sv-t-cor", "bonus": "sv-t-bon", "target": "sv-t-tgt", "pending": "sv-t-pend"}
     spans = [
         f'<span class="{kind_class[s.kind]}" title="{esc(labels.get(s.kind, s.kind))}">{esc(s.text)}</span>'
         for s in segments
     ]
+    head, tail = fold_prompt(prompt)
+    fold = ""
+    if head:
+        fold = (f'<details class="sv-fold"><summary>prompt start: {len(head):,} characters folded (click to show)'
+                f'</summary><span class="sv-prompt">{esc(head)}</span></details>')
     font = " sv-code" if code else ""
-    return f'<div class="sv-text{font}"><span class="sv-prompt">{esc(prompt)}</span>{"".join(spans)}<span class="sv-caret">▌</span></div>'
+    return (f'<div class="sv-text{font}"><div class="sv-text-inner">{fold}<span class="sv-prompt">{esc(tail)}</span>'
+            f'{"".join(spans)}<span class="sv-caret">▌</span></div></div>')
 
 
 def legend_html(labels: Labels, kinds: Sequence[str] = ("accepted", "rejected", "correction", "bonus", "pending")) -> str:
@@ -116,7 +139,7 @@ def race_html(title: str, text: str, tokens: int, total: int, done: bool, cls: s
     return (
         f'<div class="sv-race {cls}"><div class="sv-race-title">{esc(title)}{flag}</div>'
         f'<div class="sv-bar"><div class="sv-bar-fill" style="width:{pct:.1f}%"></div></div>'
-        f'<div class="sv-race-text">{esc(text)}<span class="sv-caret">▌</span></div></div>'
+        f'<div class="sv-race-text"><div>{esc(text)}<span class="sv-caret">▌</span></div></div></div>'
     )
 
 
@@ -145,7 +168,10 @@ def rule_table_html(r: RoundTrace, i: int, level: str, verdict_shown: bool) -> s
         "d2": ("target's probability p(x)", "draft's probability q(x)", "chance of keeping it, min(1, p/q)", "random number drawn u"),
         "d5": ("p(x)", "q(x)", "min(1, p(x)/q(x))", "u ~ U(0, 1)"),
     }.get(level, ("big model", "helper", "keep chance", "dice"))
-    rows = "".join(f"<tr><th>{esc(n)}</th><td>{v:.4f}</td></tr>" for n, v in zip(names, (p, q, a, u)))
+    # before the verdict only the draft's q is known: p, the keep chance and the dice would give the answer away
+    shown = (p, q, a, u) if verdict_shown else (None, q, None, None)
+    rows = "".join(f"<tr><th>{esc(n)}</th><td>{'after the check' if v is None else f'{v:.4f}'}</td></tr>"
+                   for n, v in zip(names, shown))
     if not verdict_shown:
         verdict = "not checked yet"
     elif r.accepted[i]:

@@ -30,3 +30,16 @@ def layout(fig: go.Figure, height: int, font_size: int, legend_below: bool = Fal
     settings.update(kw)
     fig.update_layout(**settings)
     return fig
+
+
+def wrap_tick(label: str, width: int = 12, seps: str = " ·") -> str:
+    """A long tick label broken into lines of about `width` characters at spaces or ·, so none is cut off."""
+    lines, line = [], ""
+    for ch in label:
+        line += ch
+        if ch in seps and len(line) >= width:
+            lines.append(line.rstrip())
+            line = ""
+    if line:
+        lines.append(line)
+    return "<br>".join(lines)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from specviz.core.trace import RoundTrace, TopDist
-from specviz.core.metrics import best_gamma, expected_speedup
+from specviz.labs.how_far import Curves, RunTradeoff, best_case_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
 from specviz.viz.style import (
     ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, Q_COLOUR, RES_COLOUR, SPEED_COLOUR, chart_label, layout,
@@ -86,7 +86,7 @@ def running_figure(points: Sequence[RunningPoint], labels: Labels, font_size: in
         fig.add_hline(y=1.0, yref="y2", line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
     top = max([pt.speedup or 0 for pt in points] + [2.0])
     return layout(
-        fig, 240, font_size,
+        fig, max(240, 19 * font_size), font_size,  # presenter type (19 px) needs a taller plot: 361 px
         xaxis=dict(title=labels.get("round_axis", "round"), nticks=10, rangemode="tozero"),
         yaxis=dict(title=labels.get("acceptance", "acceptance"), range=[0, 1.05], tickformat=".0%"),
         yaxis2=dict(title=labels.get("speedup", "speed-up"), overlaying="y", side="right", range=[0, top * 1.1],
@@ -105,24 +105,57 @@ def race_figure(spec: RaceTimeline, plain: RaceTimeline, labels: Labels, font_si
                   yaxis=dict(title=labels.get("tokens", "tokens")))
 
 
-def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None, labels: Labels,
+def _curve_at(curves: Curves, gamma: float) -> float:
+    """A curve's value at a (possibly fractional, mean) γ, by linear interpolation between its integer points."""
+    g = min(max(gamma, curves.gammas[0]), curves.gammas[-1])
+    lo = max(i for i, x in enumerate(curves.gammas) if x <= g)
+    hi = min(lo + 1, len(curves.gammas) - 1)
+    span = curves.gammas[hi] - curves.gammas[lo]
+    t = (g - curves.gammas[lo]) / span if span else 0.0
+    return curves.speedup[lo] + t * (curves.speedup[hi] - curves.speedup[lo])
+
+
+def tradeoff_figure(textbook: Curves, with_cost: Curves | None, gamma: float, measured: float | None, labels: Labels,
                     font_size: int = 14) -> go.Figure:
-    """Leviathan's expected speed-up against γ for the measured α and c, with this run marked."""
-    gammas = list(range(1, 17))
+    """Expected speed-up against γ: the curve with the measured verify cost (solid, its best γ starred) and the
+    textbook curve, where a verify pass costs one step (dashed); this run's γ and measured speed-up marked."""
+    main = with_cost or textbook
     fig = go.Figure()
-    fig.add_scatter(x=gammas, y=[expected_speedup(alpha, g, c) for g in gammas], mode="lines+markers",
-                    name=labels.get("expected", "expected"), line=dict(color=SPEED_COLOUR))
-    fig.add_scatter(x=[gamma], y=[expected_speedup(alpha, gamma, c)], mode="markers", name=f"γ = {gamma:.3g}",
+    if with_cost is not None:
+        fig.add_scatter(x=list(with_cost.gammas), y=list(with_cost.speedup), mode="lines+markers",
+                        name=labels.get("expected_cost", "expected, measured verify cost"), line=dict(color=SPEED_COLOUR))
+    fig.add_scatter(x=list(textbook.gammas), y=list(textbook.speedup), mode="lines",
+                    name=labels.get("expected_textbook", "textbook (verify = 1 step)"),
+                    line=dict(color=PLAIN_COLOUR if with_cost else SPEED_COLOUR, dash="dash" if with_cost else "solid"))
+    best_y = main.speedup[main.gammas.index(main.best)]
+    fig.add_scatter(x=[main.best], y=[best_y], mode="markers", name=f"best γ = {main.best}",
+                    marker=dict(size=17, symbol="star", color=SPEED_COLOUR, line=dict(width=1, color="white")))
+    fig.add_scatter(x=[gamma], y=[_curve_at(main, gamma)], mode="markers", name=f"this run's γ = {gamma:.3g}",
                     marker=dict(size=14, symbol="circle-open", color=SPEED_COLOUR, line=dict(width=3)))
     if measured is not None:
         fig.add_scatter(x=[gamma], y=[measured], mode="markers", name=labels.get("measured", "measured"),
                         marker=dict(size=13, symbol="x", color="#D55E00"))
-    best = best_gamma(alpha, c)
-    fig.add_vline(x=best, line=dict(color=PLAIN_COLOUR, dash="dot"))
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
-    title = f"α = {alpha:.2f}, c = {c:.2f}: best γ ≈ {best}"
-    return layout(fig, 260, font_size, title=dict(text=title, x=0, font=dict(size=font_size + 1)),
-                  xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×"))
+    title = f"α = {main.alpha:.2f}, c = {main.c:.2f}: best γ ≈ {main.best}"
+    fig = layout(fig, 330, font_size, legend_below=True, title=dict(text=title, x=0, y=0.97, font=dict(size=font_size + 1)),
+                  xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×",
+                                                            rangemode="tozero"))
+    return fig.update_layout(legend=dict(y=-0.25), margin=dict(t=44, b=10))
+
+
+def tradeoff_sentence(textbook: Curves, with_cost: Curves | None, fit_steps: float | None, gamma: float,
+                      measured: float | None) -> str:
+    """One sentence, from the numbers, on how the measured verify cost moves the curve and the best γ."""
+    book = _curve_at(textbook, gamma)
+    said = f"this run measured {measured:.2f}×" if measured is not None else "the measurement is still running"
+    if with_cost is None or fit_steps is None:
+        return f"The textbook curve expects {book:.2f}× at γ = {gamma:.3g}; {said}."
+    cost = _curve_at(with_cost, gamma)
+    dearer = "more" if fit_steps > 1.05 else "less" if fit_steps < 0.95 else "about"
+    return (f"Here one check of γ + 1 = {gamma + 1:.3g} tokens cost {fit_steps:.2f} one-token target steps "
+            f"({dearer} than the textbook's 1 step): so the dashed textbook curve expects {book:.2f}× at this γ, "
+            f"the solid curve with the measured cost {cost:.2f}×, and {said}. "
+            f"Best γ: {with_cost.best} with the measured cost, {textbook.best} by the textbook.")
 
 
 def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace], labels: Labels,
@@ -135,4 +168,18 @@ def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace]
     fig.add_scatter(x=[len(r.draft_ids) + 1 for r in rounds], y=[r.verify_ms for r in rounds], mode="markers",
                     name=labels.get("race_spec", "speculative"), marker=dict(color=ACC_COLOUR, symbol="diamond"))
     return layout(fig, 240, font_size, xaxis=dict(title=labels.get("cost_x", "tokens scored in one pass"), dtick=1),
-                  yaxis=dict(title="ms", rangemode="tozero"))
+                   yaxis=dict(title="ms", rangemode="tozero"))
+
+
+def cannot_pay_line(trade: RunTradeoff, device: str) -> str | None:
+    """A warning, from this run's own α and c, when the draft model cannot pay on this device (else None)."""
+    expected = trade.expected() or trade.expected(with_cost=False)
+    if expected is None or expected >= 1.0:
+        return None
+    c = trade.textbook.c
+    bound = best_case_speedup(trade.gamma, c, trade.verify_steps or 1.0)
+    return (f"On this {device.upper()} the draft model cannot pay: one of its steps costs c = {c:.2f} of a target step, "
+            f"so even with every guess accepted γ = {trade.gamma:.3g} would give at most {bound:.2f}×, and this run's "
+            f"acceptance gives about {expected:.2f}× (measured: "
+            f"{'–' if trade.measured is None else f'{trade.measured:.2f}×'}). Try the sidebar's drafter "
+            "**prompt lookup**: it guesses by copying from the prompt, at almost no cost (c ≈ 0).")

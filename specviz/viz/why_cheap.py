@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 import plotly.graph_objects as go
 
-from specviz.labs.why_cheap import BatchEffect, PassCost
+from specviz.labs.how_far import best_case_speedup
+from specviz.labs.why_cheap import BatchEffect, PassCost, Reference, StepCost
 from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere
@@ -66,8 +69,14 @@ def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = No
         batches = sorted(set(batches) | {p.batch for p in reference.points})
     fig.add_scatter(x=batches, y=[1.0] * len(batches), mode="lines", name="1.0 = no gain",
                     line=dict(color=PLAIN_COLOUR, dash="dash"))
-    fig.add_scatter(x=[p.batch for p in effect.points], y=list(effect.speedups), mode="lines+markers",
-                    name=f"this machine ({effect.machine.device}), from measured passes",
+    ranges = [effect.speedup_range(p) for p in effect.points]
+    mids = list(effect.speedups)
+    spread = None
+    if all(r is not None and m is not None for r, m in zip(ranges, mids)):  # whiskers: lowest to highest repeat
+        spread = dict(type="data", symmetric=False, array=[r[1] - m for r, m in zip(ranges, mids)],
+                      arrayminus=[m - r[0] for r, m in zip(ranges, mids)], color=SPEED_COLOUR, thickness=1.5, width=6)
+    fig.add_scatter(x=[p.batch for p in effect.points], y=mids, mode="lines+markers", error_y=spread,
+                    name=f"this machine ({effect.machine.device}): median, whiskers = repeats' range",
                     line=dict(color=SPEED_COLOUR, width=3), marker=dict(symbol="diamond", size=9),
                     hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
     if effect.run_speedup is not None:
@@ -94,7 +103,63 @@ def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "
                     name=f"verify: {effect.gamma + 1} new tokens per sequence", line=dict(color=SPEED_COLOUR, width=3),
                     marker=dict(symbol="diamond", size=9))
     return layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                  yaxis=dict(title=y_title, rangemode="tozero"))
+                   yaxis=dict(title=y_title, rangemode="tozero"))
+
+
+def gpu_sentence(reference: Reference, gamma: int) -> str:
+    """What the second machine's valid figures say: the cost of a 16-token pass, the draft's c, and what follows."""
+    pc, sc = reference.pass_cost, reference.step_cost
+    if pc is None:
+        return ""
+    top = pc.ks[-1]
+    said = f"On {pc.machine.name} a pass over {top} new tokens cost **{pc.ratios[-1]:.2f}** one-token steps."
+    if sc is None or 1 not in sc.batches:
+        return said
+    c = sc.c_at(1)
+    cs = [sc.c_at(b) for b in sc.batches if b <= 8]
+    bound = best_case_speedup(gamma, c, 1.0)
+    return (f"{said} But the 0.5B draft's step cost **{c:.0%}** of a target step there (c = {min(cs):.2f}–{max(cs):.2f} "
+            f"at batch 1–8): both models are held up by launching kernels layer by layer, not by reading weights. "
+            f"So even if every guess were accepted, γ = {gamma} could give at most (γ + 1) / (γc + 1) = "
+            f"**{bound:.2f}×**, and real acceptance gives less: the model drafter cannot pay on that GPU. "
+            "Prompt lookup (c ≈ 0) can, and so could a much cheaper draft.")
+
+
+def step_cost_table(sc: StepCost) -> pd.DataFrame:
+    """Target and draft step times per batch size on the second machine, and their ratio c."""
+    return pd.DataFrame({
+        "batch": list(sc.batches),
+        "target step ms": [round(statistics.median(t), 1) for t in sc.target_step_ms],
+        "draft step ms": [round(statistics.median(t), 1) for t in sc.draft_step_ms],
+        "c = draft ÷ target": [round(sc.c_at(b), 2) for b in sc.batches],
+    })
+
+
+def batch_pattern_sentence(effect: BatchEffect, level: str = "d2") -> str:
+    """Whether this measurement shows the textbook decline with batch size, said plainly, with the reason if not."""
+    pattern = effect.pattern()
+    if pattern == "unknown":
+        return ""
+    first, last = effect.points[0].batch, effect.points[-1].batch
+    n = min(len(p.step_ms) for p in effect.points)
+    if pattern == "declines":
+        return ("As the textbook says: the bigger the batch, the smaller the gain." if level == "d1" else
+                f"The textbook pattern shows: at batch {last} the whole range of the {n} repeats lies below batch "
+                f"{first}'s — the batch uses up the spare compute that made checking cheap.")
+    if level == "d1":
+        return ("This small computer does not show the usual pattern (a busy server gains less): its numbers jump "
+                "around more than they change with the batch, and it has only two cores.")
+    why = ("On this 2-core CPU the pattern is masked: at batch 1 the plain step uses a fast one-row routine that later "
+           "batches lose, so the verify pass looks dear at batch 1 and cheaper at 2–4, and the batches here are too "
+           "small to use up the cores' arithmetic, where the decline would start. Other work on the shared cores "
+           "moves single repeats too.")
+    if pattern == "rises":
+        return (f"**This measurement does not show the textbook pattern**: the gain at batch {last} lies above batch "
+                f"{first}'s over all {n} repeats. {why}")
+    if pattern == "flat":
+        return (f"**This measurement does not show the textbook pattern**: the ranges of the {n} repeats at batch "
+                f"{first} and batch {last} overlap, so these figures cannot tell the batch sizes apart. {why}")
+    return ""
 
 
 def pass_table(cost: PassCost) -> pd.DataFrame:

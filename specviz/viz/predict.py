@@ -1,0 +1,109 @@
+"""Predict-then-reveal: each lab's question, its choices, and which choice a run's own measurement makes right."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specviz.viz.strip import esc
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prediction a pupil makes before a run (its choices are what the measurement is judged against)."""
+
+    key: str  # session key suffix, unique per page
+    text: str  # the question, Markdown
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reveal:
+    """The answer after the run: the right choice, the measurement behind it, and a line of why."""
+
+    right: str  # one of the question's choices
+    measured: str  # what this run measured, in words and numbers
+    why: str = ""
+
+
+D1_WORSE = Question("worse", "If the helper guesses wrong, does the final answer get worse?",
+                    ("Yes, it gets worse", "No, it only takes longer", "Not sure"))
+RACE = Question("race", "How much faster will the helper make this run?",
+                ("Slower than the big model alone", "About the same", "About twice as fast", "Three times or more"))
+CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, compared with making 1 token?",
+                 ("About as long (under 2×)", "A few times as long (2–8×)", "About 16 times as long (over 8×)"))
+
+
+def gamma_question(gammas: Sequence[int]) -> Question:
+    """How far to guess: which of the γ values about to be measured will be fastest?"""
+    return Question("gamma", "Which number of guesses per round (γ) will be fastest here?",
+                    tuple(f"γ = {g}" for g in gammas))
+
+
+def workload_question(titles: Sequence[str]) -> Question:
+    """Where it helps: which workload will gain most?"""
+    return Question("workload", "Which kind of text will the helper speed up most?", tuple(titles))
+
+
+def reveal_worse(identical: bool | None, rejected: int) -> Reveal:
+    """D1: a wrong guess never makes the answer worse; this run's own check says so when it was greedy."""
+    if identical is None:
+        measured = (f"In this run the big model threw away {rejected} wrong guesses; with random picking the two "
+                    "texts differ by chance, but both follow the big model's own choices.")
+    elif identical:
+        measured = (f"In this run the big model threw away {rejected} wrong guesses, and the text with the helper "
+                    "was word for word the same as the big model's alone.")
+    else:
+        measured = (f"In this run the big model threw away {rejected} wrong guesses. The two texts differ at one "
+                    "near-tie, from how the computer adds numbers, not from a bad guess.")
+    return Reveal(D1_WORSE.choices[1], measured)
+
+
+def race_choice(speedup: float) -> str:
+    """The RACE choice a measured speed-up falls in."""
+    if speedup < 0.95:
+        return RACE.choices[0]
+    if speedup < 1.4:
+        return RACE.choices[1]
+    if speedup < 2.6:
+        return RACE.choices[2]
+    return RACE.choices[3]
+
+
+def reveal_race(speedup: float) -> Reveal:
+    return Reveal(race_choice(speedup), f"Measured on this run: {speedup:.2f}× as fast as the target alone.")
+
+
+def cheap_choice(ratio16: float) -> str:
+    """The CHEAP choice a measured 16-token pass (in one-token steps) falls in."""
+    if ratio16 < 2.0:
+        return CHEAP.choices[0]
+    if ratio16 <= 8.0:
+        return CHEAP.choices[1]
+    return CHEAP.choices[2]
+
+
+def reveal_cheap(ratio16: float, step_ms: float) -> Reveal:
+    return Reveal(cheap_choice(ratio16), f"Measured here: one pass over 16 new tokens took {ratio16:.2f}× a one-token "
+                  f"step ({step_ms:.0f} ms), not 16×.")
+
+
+def reveal_gamma(best_gamma: int, best_speedup: float) -> Reveal:
+    return Reveal(f"γ = {best_gamma}", f"Measured: γ = {best_gamma} was fastest, {best_speedup:.2f}× as fast as "
+                  "the target alone.")
+
+
+def reveal_workload(best_title: str, best_speedup: float) -> Reveal:
+    return Reveal(best_title, f"Measured: {best_title} gained most, {best_speedup:.2f}× as fast as the target alone.")
+
+
+def verdict_html(choice: str | None, reveal: Reveal) -> str:
+    """The answer box: whether the pupil's prediction was right, then the measurement (all escaped)."""
+    if choice is None:
+        head = f"Answer: {reveal.right}."
+    elif choice == reveal.right:
+        head = f"You predicted “{choice}” — right!"
+    else:
+        head = f"You predicted “{choice}”; the answer is “{reveal.right}”."
+    why = f" {esc(reveal.why)}" if reveal.why else ""
+    return f'<div class="sv-answer"><b>{esc(head)}</b> {esc(reveal.measured)}{why}</div>'

@@ -1,0 +1,270 @@
+"""What a class sees (issue 13): the text in view, long pastes, numbers said from the data, predictions answered."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specviz.app.settings import MAX_PROMPT_CHARS, Settings, cut_long_prompt
+from specviz.core.trace import Generation, GenerationConfig, RoundTrace
+from specviz.labs import how_far, why_cheap
+from specviz.labs.how_far import GammaPoint
+from specviz.labs.where_it_helps import WorkloadRow
+from specviz.lessons import labels, lesson
+from specviz.viz import how_far as how_far_view
+from specviz.viz import playback as pb
+from specviz.viz import predict
+from specviz.viz import strip
+from specviz.viz import watch as watch_view
+from specviz.viz import where_it_helps as where_view
+from specviz.viz import why_cheap as why_cheap_view
+from tests.test_viz import _round
+
+ROOT = Path(__file__).resolve().parent.parent
+L = labels("d2")
+
+
+# ------------------------------------------------------------------------------------------ 1: text in view
+
+
+def test_a_long_prompt_is_folded_to_its_last_lines_and_the_box_scrolls_from_its_end():
+    prompt = "".join(f"line {i}\n" for i in range(200)) + "last words"
+    head, tail = strip.fold_prompt(prompt)
+    assert head + tail == prompt and tail.count("\n") == strip.PROMPT_TAIL_LINES - 1 and tail.endswith("last words")
+    html_out = strip.text_html(prompt, [], L)
+    assert '<details class="sv-fold">' in html_out and f"{len(head):,} characters folded" in html_out
+    assert html_out.index("last words") > html_out.index("</details>")  # the tail is outside the fold
+    assert strip.fold_prompt("short prompt") == ("", "short prompt")
+    assert "<details" not in strip.text_html("short prompt", [], L)
+    one_line = "word " * 400  # no newlines: cut by characters, at a word boundary
+    head, tail = strip.fold_prompt(one_line)
+    assert head + tail == one_line and len(tail) <= strip.PROMPT_TAIL_CHARS and tail.startswith("word")
+    css = (ROOT / "assets" / "style.css").read_text()
+    for box in (".sv-text {", ".sv-race-text {"):  # column-reverse keeps the scroll at the end: newest text in view
+        rule = css[css.index(box):css.index("}", css.index(box))]
+        assert "flex-direction: column-reverse" in rule and "overflow-y: auto" in rule
+
+
+# ------------------------------------------------------------------------------------------ 2: a long paste
+
+
+def test_a_paste_over_the_limit_is_cut_with_a_note_not_emptied():
+    state = {"watch.prompt": "x" * (MAX_PROMPT_CHARS + 5000)}
+    cut_long_prompt(state, "watch.prompt")
+    assert state["watch.prompt"] == "x" * MAX_PROMPT_CHARS
+    assert "25,000 characters" in state["watch.prompt.note"] and "cut the last 5,000" in state["watch.prompt.note"]
+    ok = {"watch.prompt": "short"}
+    cut_long_prompt(ok, "watch.prompt")
+    assert ok == {"watch.prompt": "short"}
+    for page in ("watch", "how_far", "same_answer"):  # no page gives its box a max_chars any more
+        assert "max_chars" not in (ROOT / "pages" / f"{page}.py").read_text()
+
+
+# ------------------------------------------------------------------------------------------ 3: D5 numbers
+
+
+def _point(gamma: int, speedup: float) -> GammaPoint:
+    return GammaPoint(gamma, 0.7, 0.8, 2.0, 0.1, speedup, 50.0, 2.0, 64, True)
+
+
+def test_how_far_sentence_says_where_the_points_really_sit():
+    book = how_far.leviathan_curves(0.8, 0.1)
+    at = dict(zip(book.gammas, book.speedup))
+    points = [_point(1, at[1] - 0.5), _point(4, at[4] - 0.6), _point(8, at[8] + 0.4)]
+    said = how_far_view.curve_position_sentence(points, book, None)
+    assert "below the textbook curve at γ = 1 and 4" in said and "above it at γ = 8" in said
+    on = how_far_view.curve_position_sentence([_point(4, at[4])], book, None)
+    assert "on the textbook curve" in on and "below" not in on
+    cost = how_far.verify_cost_curves(0.8, 0.1, how_far.VerifyFit(1.0, 0.25, 9))
+    with_cost = how_far_view.curve_position_sentence(points, book, cost)
+    assert f"Its best γ is {cost.best}, the textbook's {book.best}" in with_cost
+
+
+def _gen(rounds: tuple[RoundTrace, ...], kind: str = "speculative", gamma: int = 4) -> Generation:
+    tokens = tuple(t for r in rounds for t in r.new_ids)
+    ms = sum(pb.round_ms(r) for r in rounds)
+    return Generation(kind, "model" if kind == "speculative" else "none", GenerationConfig(max_new_tokens=64, gamma=gamma),
+                      (1, 2), tokens, "text", rounds, 1.0, ms, "max_new_tokens")
+
+
+def _with_ms(r: RoundTrace, draft_ms: float, verify_ms: float) -> RoundTrace:
+    from dataclasses import replace
+    return replace(r, draft_ms=draft_ms, verify_ms=verify_ms)
+
+
+def test_watch_tradeoff_uses_the_measured_verify_cost_and_stars_its_best_gamma():
+    # verify passes over 5 tokens cost 2 target steps (20 ms against 10 ms one-token steps)
+    spec = _gen(tuple(_with_ms(_round(i, ("a", "b", "c", "d"), 3, "x", position=4 * i), 4.0, 20.0) for i in range(6)))
+    plain = _gen(tuple(_with_ms(_round(i, (), 0, "y", position=i), 0.0, 10.0) for i in range(24)), "autoregressive")
+    trade = how_far.run_tradeoff(spec, plain)
+    assert trade is not None and trade.verify_steps == pytest.approx(2.0)
+    assert trade.textbook.alpha == pytest.approx(0.75) and trade.textbook.c == pytest.approx(0.1)
+    assert trade.with_cost.best < trade.textbook.best  # a dearer check favours shorter drafts
+    assert trade.expected() < trade.expected(with_cost=False)
+    fig = watch_view.tradeoff_figure(trade.textbook, trade.with_cost, trade.gamma, trade.measured, L)
+    stars = [t for t in fig.data if t.marker is not None and t.marker.symbol == "star"]
+    assert len(stars) == 1 and stars[0].x[0] == trade.with_cost.best
+    dashed = [t for t in fig.data if t.line is not None and t.line.dash == "dash"]
+    assert [t.name for t in dashed] == [L["expected_textbook"]]
+    assert fig.layout.legend.y < 0  # the legend sits below the plot, clear of the title
+    said = watch_view.tradeoff_sentence(trade.textbook, trade.with_cost, trade.verify_steps, trade.gamma, trade.measured)
+    assert "cost 2.00 one-token target steps (more than the textbook's 1 step)" in said
+    assert f"Best γ: {trade.with_cost.best} with the measured cost, {trade.textbook.best} by the textbook." in said
+    assert re.search(r"this run measured \d+\.\d\d×", said)
+
+
+def test_a_draft_that_cannot_pay_is_said_from_its_own_c():
+    slow = how_far.RunTradeoff(how_far.leviathan_curves(0.86, 0.9), None, 4.0, None, 0.8)
+    line = watch_view.cannot_pay_line(slow, "cuda")
+    assert line and "CUDA" in line and "c = 0.90" in line and "prompt lookup" in line
+    assert f"{how_far.best_case_speedup(4, 0.9):.2f}×" in line
+    fast = how_far.RunTradeoff(how_far.leviathan_curves(0.86, 0.1), None, 4.0, None, 2.0)
+    assert watch_view.cannot_pay_line(fast, "cpu") is None
+
+
+# ------------------------------------------------------------------------------------------ 4: headline from data
+
+
+def _wrow(title: str, group: str, speed: float) -> WorkloadRow:
+    return WorkloadRow(title.lower(), title, group, speed, 0.5, 2.0, 10.0, 20.0, 32.0, True)
+
+
+def test_where_it_helps_headline_follows_the_measurement():
+    usual = [_wrow("Code", "predictable", 2.0), _wrow("Poem", "creative", 1.1)]
+    assert "Code** gained most (2.00×)" in where_view.headline(usual) and "the usual pattern" in where_view.headline(usual)
+    flipped = [_wrow("Code", "predictable", 1.22), _wrow("Poem", "creative", 1.55)]
+    said = where_view.headline(flipped)
+    assert "Poem** gained most (1.55×)" in said and "the opposite of the usual pattern" in said
+    assert "hard-to-guess writing won" in where_view.headline(flipped, "d1")
+
+
+# ------------------------------------------------------------------------------------------ 5: predictions
+
+
+def test_each_prediction_is_judged_against_the_measurement():
+    assert predict.race_choice(0.8) == predict.RACE.choices[0] and predict.race_choice(1.74) == predict.RACE.choices[2]
+    assert predict.cheap_choice(1.16) == predict.CHEAP.choices[0] and predict.cheap_choice(16.0) == predict.CHEAP.choices[2]
+    right = predict.verdict_html("No, it only takes longer", predict.reveal_worse(True, 5))
+    assert "right!" in right and "word for word the same" in right
+    wrong = predict.verdict_html("Yes, it gets worse", predict.reveal_worse(True, 5))
+    assert "the answer is “No, it only takes longer”" in wrong
+    assert "You predicted" not in predict.verdict_html(None, predict.reveal_race(1.5))
+    q = predict.gamma_question([1, 4, 8])
+    assert q.choices == ("γ = 1", "γ = 4", "γ = 8") and predict.reveal_gamma(4, 1.8).right in q.choices
+    xss = "<img src=x onerror=alert(1)>"
+    assert "<img" not in predict.verdict_html(xss, predict.reveal_workload(xss, 1.2))
+
+
+# ------------------------------------------------------------------------------------------ 6: small things
+
+
+def test_the_inspector_hides_p_until_the_verdict_and_the_speed_up_waits_for_a_few_rounds():
+    r = _round(0, ("a", "b"), 1, "x")
+    before = strip.rule_table_html(r, 0, "d5", False)
+    assert "0.5000" not in before and "0.8000" in before and "after the check" in before  # q known, p not yet
+    assert "0.5000" in strip.rule_table_html(r, 0, "d5", True)
+    pts = pb.settled(pb.running_points((r, _round(1, ("c",), 1, "y"), _round(2, ("d",), 1, "z")), 20.0))
+    assert [p.speedup is None for p in pts] == [True, True, False]
+    assert Settings().level == "d1"  # a fresh visit opens at the story
+    assert labels("d1")["tokens"] == "word pieces" and "word pieces" in lesson("d1", "intro")
+    assert "same story" not in lesson("d1", "race")
+
+
+# ------------------------------------------------------------------------------------------ 8 and 9: GPU, batches
+
+
+def test_the_shipped_gpu_figures_hold_only_valid_numbers_and_say_what_follows():
+    raw = json.loads((ROOT / "assets" / "verify_cost_gpu.json").read_text())
+    text = json.dumps(raw)
+    for invalid in ("alpha", "speedup", "run_tokens_per_call"):  # random weights: no α and no speed-up
+        assert f'"{invalid}' not in text
+    assert "random weights" in raw["note"]
+    ref = why_cheap.load_reference()
+    assert ref is not None and ref.batch_effect is None and ref.pass_cost.ratios[-1] == pytest.approx(1.16, abs=0.01)
+    assert 0.85 <= ref.step_cost.c_at(1) <= 0.95
+    said = why_cheap_view.gpu_sentence(ref, 4)
+    assert "**1.16** one-token steps" in said and "cannot pay" in said and "Prompt lookup" in said
+    assert set(why_cheap_view.step_cost_table(ref.step_cost)["batch"]) == {1, 2, 4, 8, 16, 32, 64}
+    for level in ("d2", "d5"):
+        assert "1.16" in lesson(level, "cheap_hardware") and "85–95 %" in lesson(level, "cheap_hardware")
+
+
+def _effect(ranges: list[tuple[float, float]]) -> why_cheap.BatchEffect:
+    """Batch points whose repeats' verify costs spread as given (steps 10 ms, draft 1 ms)."""
+    points = tuple(why_cheap.BatchPoint(b, (10.0, 10.0, 10.0), (10.0 * lo, 10.0 * (lo + hi) / 2, 10.0 * hi), (1.0,) * 3)
+                   for b, (lo, hi) in zip((1, 2, 4, 8), ranges))
+    return why_cheap.BatchEffect("x", why_cheap.Machine("cpu", "test", 2), 4, 10, 0.8, 0.1, 1.5, 3.0, points, None)
+
+
+def test_the_batch_effect_says_plainly_when_the_textbook_pattern_does_not_show():
+    declines = _effect([(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (2.5, 2.6)])
+    assert declines.pattern() == "declines" and "textbook pattern shows" in why_cheap_view.batch_pattern_sentence(declines)
+    flat = _effect([(1.5, 2.5), (1.2, 1.3), (1.0, 1.1), (1.6, 2.2)])
+    assert flat.pattern() == "flat"
+    said = why_cheap_view.batch_pattern_sentence(flat)
+    assert "does not show the textbook pattern" in said and "2-core CPU" in said
+    lo, hi = flat.speedup_range(flat.points[0])
+    assert lo < flat.speedups[0] < hi
+    fig = why_cheap_view.batch_speedup_figure(flat)
+    whiskers = [t for t in fig.data if t.error_y is not None and t.error_y.array is not None]
+    assert len(whiskers) == 1 and len(whiskers[0].error_y.array) == 4
+
+
+# ------------------------------------------------------------------------------------------ 4: the int8 draft
+
+
+def test_the_int8_draft_keeps_its_down_projections_in_fp32():
+    import torch
+
+    from specviz.models import load_pair
+
+    pair = load_pair("tiny-random", "int8")
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    kinds = {name.rsplit(".", 1)[-1]: type(mod) for name, mod in pair.draft.named_modules()
+             if isinstance(mod, (torch.nn.Linear, dynamic))}
+    assert kinds["down_proj"] is torch.nn.Linear  # its input's outlier channels do not survive int8
+    assert kinds["up_proj"] is dynamic and kinds["q_proj"] is dynamic and kinds["lm_head"] is dynamic
+
+
+@pytest.mark.real
+def test_smollm2_int8_draft_overlaps_its_target_more_than_with_every_linear_in_int8():
+    """Σmin(p, q) at T 0.8 on the story preset, along the target's own continuation (issue 13, point 4)."""
+    import copy
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from specviz.models import load_pair
+    from specviz.presets import get_preset
+
+    pair = load_pair("smollm2-135m", draft_precision="fp32")
+    ids = torch.tensor([pair.tokenizer(get_preset("story").prompt)["input_ids"]])
+    with torch.no_grad():
+        full = pair.target.generate(ids, max_new_tokens=30, do_sample=False)
+        p = torch.softmax(pair.target(full).logits[0, ids.shape[1] - 1:] / 0.8, -1)  # (30+1, V)
+
+        def overlap(model: torch.nn.Module) -> float:
+            q = torch.softmax(model(full).logits[0, ids.shape[1] - 1:] / 0.8, -1)
+            return float(torch.minimum(p, q).sum(-1).mean())
+
+        every = quantize_dynamic(copy.deepcopy(pair.target), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                 dtype=torch.qint8)
+        ours = load_pair("smollm2-135m").draft
+        assert overlap(ours) > 0.6 and overlap(ours) > overlap(every) + 0.15
+
+
+# ------------------------------------------------------------------------------------------ 7: layout
+
+
+def test_long_tick_labels_break_into_lines_and_the_workload_panels_stack():
+    assert watch_view.wrap_tick("Copying from the prompt") == "Copying from<br>the prompt"
+    assert watch_view.wrap_tick("Code") == "Code"
+    fig = where_view.workload_bars([_wrow("Copying from the prompt", "predictable", 1.2), _wrow("Poem", "creative", 0.9)])
+    assert fig.layout.xaxis.tickangle == 0 and "Copying from<br>the prompt" in fig.data[0].x
+    assert fig.layout.yaxis2.domain[1] < fig.layout.yaxis.domain[0]  # acceptance below the speed-up, not beside it
+    assert not any(a.text == "1× = no gain" for a in fig.layout.annotations)  # no label sitting on the Code bar
+    running = watch_view.running_figure(pb.running_points((_round(0, ("a",), 1, "x"),), 20.0), L, font_size=19)
+    assert running.layout.height >= 360  # presenter type gets a taller plot
