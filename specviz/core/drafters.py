@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -133,7 +133,7 @@ class NgramDrafter:
         return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)
 
 
-DRAFTER_KINDS = ("model", "ngram")
+DRAFTER_KINDS = ("model", "ngram", "tree")
 ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transformers defaults to 0.4)
 # Measured on the 2-core CPU with qwen-coder's 1.5B target, relative to a one-token step: a pass
 # over 2 or 3 new tokens costs 2.1x and 3.0x, over 4 to 17 only 1.9-2.4x (the matrix kernel for so
@@ -141,10 +141,14 @@ ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transfo
 ADAPTIVE_MIN_TOKENS = 3
 
 
-def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False) -> Drafter:
-    """The drafter the CLI, the app and the benchmark use, by name."""
+def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False, tree: Any = None) -> Drafter:
+    """The drafter the CLI, the app and the benchmark use, by name (`tree`: a TreeConfig for kind "tree")."""
     if kind == "ngram":
         return NgramDrafter()
+    if kind == "tree" and draft_model is not None:
+        from specviz.core.tree import TreeConfig, TreeDrafter  # core.tree builds on this module
+
+        return TreeDrafter(draft_model, tree if tree is not None else TreeConfig())
     if kind != "model" or draft_model is None:
         raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
     if not adaptive:
