@@ -82,7 +82,7 @@ class Method:
     name: str
     family: Literal["ours", "hf"]
     description: str
-    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram"); None = target only
+    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram", "tree"); None = target only
     gamma: int = 4  # ours: draft length (the ceiling when adaptive)
     adaptive: bool = False  # ours: AdaptiveGamma + the drafter's confidence stop
     assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
@@ -97,6 +97,8 @@ METHODS: tuple[Method, ...] = (
     Method("spec-g8", "ours", "speculative, model drafter, γ=8", "model", 8),
     Method("spec-adaptive", "ours", "speculative, model drafter, adaptive γ ≤ 16 (confidence stop + throughput switch)",
            "model", 16, adaptive=True),
+    Method("spec-tree", "ours", "speculative, model drafter, token tree (TreeConfig defaults: budget 16, branching 2, "
+           "depth 6), one target pass per tree", "tree"),
     Method("hf-plain", "hf", "transformers generate, target alone"),
     Method("hf-assisted", "hf", "transformers assisted generation, assistant_model = the draft (default schedule)",
            assistant=True),
@@ -113,7 +115,7 @@ FULL_PAIRS = ("qwen-coder", "smollm2-135m")
 QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
 # --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 8 minutes on the 2-core CPU
-QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "hf-plain", "hf-assisted")
+QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 
@@ -261,7 +263,7 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     if method.drafter is None:
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
-        drafter = make_drafter(method.drafter, pair.draft if method.drafter == "model" else None, adaptive=method.adaptive)
+        drafter = make_drafter(method.drafter, pair.draft if method.drafter != "ngram" else None, adaptive=method.adaptive)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)
@@ -586,8 +588,9 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         "- α = accepted / drafted tokens; c = draft ms per drafted token / one target step (median step of the `target` "
         "run of the same repeat); expected = Leviathan et al.'s (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the median α, "
         "γ and c, which assumes a verify pass costs one target step; γ is the configured draft length, or for "
-        "`spec-adaptive` and `ngram` the mean number drafted per drafting round. α, c and tokens per target call are "
-        "not observable for transformers' methods (blank).",
+        "`spec-adaptive` and `ngram` the mean number drafted per drafting round. For `spec-tree`, α = accepted / drafted "
+        "nodes and γ = nodes per tree, so its chain formula is only indicative: read its tokens per target call. "
+        "α, c and tokens per target call are not observable for transformers' methods (blank).",
         "- = target / = hf-plain (greedy only): every repeat produced exactly the same tokens as ours target-only / "
         "transformers' plain generate.",
         "- peak RSS = the process's VmHWM during the run (reset before each run), highest over the repeats; "
