@@ -10,11 +10,11 @@ from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.sampling import SamplingConfig
 
 Level = Literal["d1", "d2", "d5"]
-DrafterName = Literal["model", "ngram"]
+DrafterName = Literal["model", "ngram", "tree"]
 
 LEVELS: tuple[Level, ...] = ("d1", "d2", "d5")
 LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
-DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram")
+DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram", "tree")
 MODES = ("greedy", "sample")
 TEMPERATURE_RANGE = (0.05, 2.0)
 TOP_P_RANGE = (0.05, 1.0)
@@ -28,7 +28,7 @@ class Settings:
 
     level: Level = "d2"  # explanation depth: words and how much is shown, never the run
     pair: str = "qwen-coder"  # named target/draft pair from specviz.models
-    drafter: DrafterName = "model"  # small model drafts, or prompt lookup (n-gram, no second model)
+    drafter: DrafterName = "model"  # small model drafts a chain or a tree (TreeConfig defaults), or prompt lookup (n-gram)
     mode: str = "greedy"  # greedy (argmax) or sample
     temperature: float = 0.8  # only used when sampling
     top_p: float = 0.95  # only used when sampling

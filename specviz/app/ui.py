@@ -27,7 +27,7 @@ from specviz.presets import GROUP_TITLES, presets_in
 from specviz.app.runner import Job, JobView, PairStore, Runner, RunnerBusy
 from specviz.core.progress import JobSteps
 from specviz.app.settings import (
-    LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
+    DRAFTERS, LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
     clean_prompt, parse_query, to_query,
 )
 
@@ -36,7 +36,8 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 APP_SCRIPT = Path(__file__).resolve().parents[2] / "app.py"
 TEST_PAIR = "tiny-random"
 K = "cfg."  # session_state prefix of the sidebar's widgets
-DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)"}
+DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)",
+                  "tree": "tree of guesses (small draft model)"}
 MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
 
 
@@ -184,8 +185,9 @@ def sidebar_settings() -> Settings:
     pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
     sb.selectbox("Model pair (draft → target)", visible_pairs(pair), key=K + "pair", format_func=_pair_title)
     sb.caption(_pair_caption(st.session_state[K + "pair"]))
-    sb.radio("Drafter", ("model", "ngram"), key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
-             help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
+    sb.radio("Drafter", DRAFTERS, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
+             help="Who guesses: the pair's small model (one line of guesses, or a tree of them), or a lookup that "
+             "copies what followed the same words earlier.")
     sb.radio("Decoding", ("greedy", "sample"), key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
              help="Greedy always takes the most likely token; sampling draws from the probabilities.")
     if st.session_state[K + "mode"] == "sample":
