@@ -470,9 +470,10 @@ def smollm():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("which", ["target", "draft"])
-def test_smollm2_every_node_sees_its_branch_only(smollm, which):
-    model = getattr(smollm, which)
+def test_smollm2_every_node_sees_its_branch_only(smollm):
+    """On the fp32 target. (The int8 draft is no reference: dynamic quantization scales each Linear's input by
+    the max over the whole batch, so its logits depend on which rows share a pass, in chains as in trees.)"""
+    model = smollm.target
     ids = smollm.tokenizer(REAL_PROMPTS["code"])["input_ids"]
     lm = TreeLM(model)
     lm.prefill(ids)
