@@ -15,7 +15,7 @@ from specviz.core.sampling import SamplingConfig, logits_to_probs
 from specviz.core.trace import GenerationConfig
 from specviz.core.tree import DraftTree, TreeConfig, TreeDrafter, TreeLM, pick_children
 from specviz.core.tree_rule import verify_tree, walk_tree
-from tests.test_engine import PROMPT, TOK, tiny_lm
+from tests.test_engine import PROMPT, TOK, other, target, tiny_lm  # noqa: F401 (fixtures)
 
 # a tree over 6 nodes: two children under the root, two under node 0, one under 1, one under 2
 TOKENS = [5, 6, 7, 8, 9, 2]
@@ -43,16 +43,6 @@ def llama(seed, vocab=12, attn="sdpa"):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       attn_implementation=attn)
     return LlamaForCausalLM(cfg).eval()
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_lm(0)
-
-
-@pytest.fixture(scope="module")
-def other():
-    return tiny_lm(1)
 
 
 # ------------------------------------------------------------------------------------------
