@@ -514,3 +514,32 @@ def test_qwen_coder_greedy_tree_identity():
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, ids, g))
     spec = drain(speculative_generate(pair.target, TreeDrafter(pair.draft, TreeConfig()), pair.tokenizer, ids, g))
     assert spec.tokens == base.tokens and spec.accepted > 0
+
+
+# ------------------------------------------------------------------------------------------
+# The command line
+# ------------------------------------------------------------------------------------------
+
+
+def test_cli_json_tree_rounds_carry_the_tree():
+    from tests.test_cli import run_json
+
+    res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--drafter", "tree", "--tree-budget", "10",
+                   "--tree-branching", "3", "--tree-depth", "4", "--max-new-tokens", "20", "--baseline", "-q")
+    assert res["drafter"] == "tree" and res["identical_to_baseline"] is True
+    assert res["tree_config"] == {"budget": 10, "branching": 3, "depth": 4}
+    trees = [r["tree"] for r in res["rounds"] if r["tree"]]
+    assert trees and all(len(t["nodes"]) <= 10 and max(n["depth"] for n in t["nodes"]) <= 4 for t in trees)
+    for r in res["rounds"]:
+        if r["tree"]:
+            kept = [r["tree"]["nodes"][i]["token"] for i in r["tree"]["path"]]
+            assert kept == r["draft_tokens"][: r["n_accepted"]]
+            assert {n["verdict"] for n in r["tree"]["nodes"]} <= {"accepted", "rejected", "unreached"}
+
+
+@pytest.mark.parametrize("bad", [["--tree-budget", "0"], ["--tree-branching", "9"], ["--tree-depth", "17"]])
+def test_cli_refuses_bad_tree_shapes_in_one_line(bad):
+    from tests.test_cli import assert_one_error_line, run_cli
+
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--drafter", "tree", *bad)
+    assert_one_error_line(done, 2, bad[0])
