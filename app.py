@@ -2,13 +2,14 @@
 
 import streamlit as st
 
-from specviz.app import ui
+from specviz.app.shell import inject_css, shell
+from specviz.app.sidebar import sidebar_settings
 
 st.set_page_config(page_title="specviz — speculative decoding, live", page_icon="⚡", layout="wide",
                    initial_sidebar_state="expanded")
 
 # Each URL path is its file's stem, so a deep link on a fresh server (which still reads pages/ the
-# old way until st.navigation has run once) finds its page; ui.run_page then draws this shell around it.
+# old way until st.navigation has run once) finds its page; shell.run_page then draws this shell around it.
 PAGES = [
     st.Page("pages/watch.py", title="Watch it work", icon=":material/play_circle:", default=True, url_path="watch"),
     st.Page("pages/same_answer.py", title="Same answer", icon=":material/rule:", url_path="same_answer"),
@@ -18,7 +19,7 @@ PAGES = [
 ]
 
 page = st.navigation(PAGES, position="sidebar")
-settings = ui.sidebar_settings()
-ui.inject_css(settings.presenter)
-with ui.shell():
+settings = sidebar_settings()
+inject_css(settings.presenter)
+with shell():
     page.run()

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
 import streamlit as st
 
+from specviz.app import jobs
+from specviz.app.pairs import pair_or_message
+from specviz.app.prompt import encode, preset_buttons, repaired_prompt
+from specviz.app.settings import Settings
+from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.sidebar import settings
 from specviz.labs import how_far
-from specviz.app import ui
-from specviz.labs.how_far import Sweep, SweepConfig
+from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
 from specviz.presets import DEFAULT_PRESET, get_preset
-from specviz.app.settings import Settings, prompt_problem
 from specviz.viz import how_far as how_far_view
 from specviz.viz import strip
 
-P = "howfar."  # session_state prefix of this page
+P = "how_far."  # session_state prefix of this page
 MAX_PROMPT_CHARS = 20_000
-ALPHA_RANGE = (0.0, 1.0)
-C_RANGE = (0.0, 1.5)  # c > 1: the draft is slower per token than the target (never worth it)
 SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
+SLOT = jobs.Slot(P + "key", ("Measuring γ",), "Measure", changed=(
+    "The prompt, γ values or settings changed since this measurement. Press **{button}** to run them; "
+    "until then the previous measurement stays on screen."))
 ss = st.session_state
 
 
@@ -42,10 +44,6 @@ def _reset_sliders(alpha: float, c: float) -> None:
     ss[P + "alpha"], ss[P + "c"] = alpha, c
 
 
-def _clamp(x: float, lo: float, hi: float) -> float:
-    return round(min(max(x, lo), hi), 2)
-
-
 # ------------------------------------------------------------------------------------------
 # Inputs
 # ------------------------------------------------------------------------------------------
@@ -53,11 +51,11 @@ def _clamp(x: float, lo: float, hi: float) -> float:
 
 def _header(s: Settings) -> None:
     st.title("How far should the helper guess?" if s.level == "d1" else "How far to guess")
-    ui.lesson_md(s.level, "howfar_intro")
+    lesson_md(s.level, "howfar_intro")
 
 
 def _prompt_box() -> str:
-    ui.preset_buttons(P, _use_preset)
+    preset_buttons(P, _use_preset)
     return st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=100,
                         max_chars=MAX_PROMPT_CHARS, persist_state="session")
 
@@ -78,20 +76,8 @@ def _plan(cfg: SweepConfig, s: Settings) -> None:
                + (" and adaptive γ (off here: this lab measures fixed γ)." if s.adaptive else "."))
 
 
-def _job_key(cfg: SweepConfig) -> tuple[Any, ...]:
-    return ("howfar", cfg)
-
-
-def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
-    """Queue the sweep (reused when it exists) and stop this session's previous unfinished one."""
-    key = _job_key(cfg)
-    old = ss.get(P + "key")
-    job = ui.submit_job(key, lambda: how_far.sweep_steps(pair, ids, cfg))
-    if job is None:
-        return
-    if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
-        j.cancel()
-    ss[P + "key"] = key
+def _job_key(cfg: SweepConfig) -> jobs.Key:
+    return ("how_far", cfg)
 
 
 # ------------------------------------------------------------------------------------------
@@ -101,7 +87,8 @@ def _start(pair: Any, ids: list[int], cfg: SweepConfig) -> None:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
-    lev = how_far.leviathan_curves(sweep.alpha, sweep.c).best if sweep.alpha is not None and sweep.c is not None else None
+    curves = how_far.measured_curves(sweep)
+    lev = curves.best if curves else None
     if s.level == "d1":
         if best is not None and best.speedup:
             st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
@@ -120,61 +107,35 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
     slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
 
 
-def _sliders(sweep: Sweep | None, key: tuple[Any, ...] | None) -> tuple[float, float]:
+def _sliders(sweep: Sweep | None) -> tuple[float, float]:
     """α and c sliders: they start on the measurement and only change the chart, never the runs."""
-    measured = sweep is not None and sweep.alpha is not None and sweep.c is not None
-    if measured and ss.get(P + "synced") != key:
-        _reset_sliders(_clamp(sweep.alpha, *ALPHA_RANGE), _clamp(sweep.c, *C_RANGE))
-        ss[P + "synced"] = key
+    measured = how_far.slider_start(sweep)
+    if measured and ss.get(P + "synced") != ss.get(SLOT.state_key):
+        _reset_sliders(*measured)
+        ss[P + "synced"] = ss.get(SLOT.state_key)
     left, mid, right = st.columns([3, 3, 2], vertical_alignment="bottom")
     alpha = left.slider("α — chance a guess is accepted", *ALPHA_RANGE, step=0.01, key=P + "alpha", persist_state="session",
                         help="Explore beyond the measurement: the curves follow; nothing is re-run.")
     c = mid.slider("c — one draft token's cost in target steps", *C_RANGE, step=0.01, key=P + "c", persist_state="session")
     if measured:
-        right.button("Back to the measured α and c", key=P + "reset", on_click=_reset_sliders,
-                     args=(_clamp(sweep.alpha, *ALPHA_RANGE), _clamp(sweep.c, *C_RANGE)))
+        right.button("Back to the measured α and c", key=P + "reset", on_click=_reset_sliders, args=measured)
     return alpha, c
 
 
 def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None) -> None:
-    measured = None
-    verify = None
-    if sweep is not None and sweep.alpha is not None and sweep.c is not None:
-        measured = how_far.leviathan_curves(sweep.alpha, sweep.c)
-        if sweep.verify_fit is not None and s.level == "d5":
-            verify = how_far.verify_cost_curve(sweep.alpha, sweep.c, sweep.verify_fit)
-    custom = None
-    if slider is not None:
-        moved = measured is None or abs(slider[0] - _clamp(measured.alpha, *ALPHA_RANGE)) > 0.004 or \
-            abs(slider[1] - _clamp(measured.c, *C_RANGE)) > 0.004
-        custom = how_far.leviathan_curves(*slider) if moved else None
+    measured = how_far.measured_curves(sweep) if sweep is not None else None
+    verify = how_far.measured_verify_curve(sweep) if sweep is not None and s.level == "d5" else None
+    custom = how_far.slider_curves(sweep, *slider) if slider is not None else None
     if measured is None and custom is None:
         return
     points = sweep.points if sweep is not None else ()
-    fig = how_far_view.how_far_figure(measured, points, custom, verify, s.level, ui.font_size(s))
-    st.plotly_chart(fig, key=P + "chart", config={"displayModeBar": False})
+    chart(how_far_view.how_far_figure(measured, points, custom, verify, s.level, font_size(s)), P + "chart")
     if custom is not None and measured is None:
         st.caption("Curves for the sliders' α and c only: press **Measure** to add this machine's measurement.")
 
 
 def _table(sweep: Sweep, s: Settings) -> None:
-    rows = []
-    for p in sweep.points:
-        exp = how_far.leviathan_curves(sweep.alpha, sweep.c, (p.gamma,)).speedup[0] if (
-            sweep.alpha is not None and sweep.c is not None) else None
-        row = {
-            "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": exp,
-            "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
-            "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,
-        }
-        if s.level == "d5":
-            row.update({"c": p.c, "verify pass (target steps)": p.verify_steps,
-                        "same text as target alone": p.identical})
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
-    fmt["ms / token"] = "{:.0f}"
-    st.dataframe(frame.style.format(fmt, na_rep="–"), hide_index=True)
+    st.dataframe(how_far_view.sweep_table(sweep, s.level), hide_index=True)
     st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
                "(decode time; prompt reading not counted). Measured on this machine: a 2-core CPU, no GPU, "
                "sharing its cores with this page.")
@@ -195,18 +156,17 @@ def _honesty(sweep: Sweep, s: Settings) -> None:
             st.caption(f"Straight-line fit of the median verify cost: {fit.intercept:.2f} + {fit.slope:.3f}·n target "
                        f"steps for a pass scoring n tokens (measured up to n = {fit.max_scored}; beyond that the dotted "
                        "orange curve extrapolates).")
-        st.plotly_chart(how_far_view.verify_cost_bars(sweep.points, ui.font_size(s)), key=P + "verify",
-                        config={"displayModeBar": False})
+        chart(how_far_view.verify_cost_bars(sweep.points, font_size(s)), P + "verify")
 
 
 def _lessons(s: Settings) -> None:
     if s.level == "d1":
-        ui.lesson_md("d1", "howfar_read")
+        lesson_md("d1", "howfar_read")
         return
     with st.expander("How to read the chart", expanded=s.level == "d2"):
-        ui.lesson_md(s.level, "howfar_read")
+        lesson_md(s.level, "howfar_read")
     with st.expander("Honest CPU notes: what a verify pass costs here", expanded=s.level == "d5"):
-        ui.lesson_md(s.level, "howfar_cpu")
+        lesson_md(s.level, "howfar_cpu")
 
 
 # ------------------------------------------------------------------------------------------
@@ -215,51 +175,36 @@ def _lessons(s: Settings) -> None:
 
 
 def main() -> None:
-    s = ui.settings()
+    s = settings()
     _init_state()
     _header(s)
-    prompt = ui.repaired_prompt(_prompt_box())
+    text = repaired_prompt(_prompt_box())
     gammas = _gamma_picker(s)
     st.button("Measure", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     requested = ss.pop(P + "run_request", False)
 
-    pair = ui.pair_or_message(s.pair)
+    pair = pair_or_message(s.pair)
     if pair is None:
         return
-    ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []
-    problem = prompt_problem(prompt, len(ids), pair.context_length, s.max_new_tokens)
-    if not gammas:
-        problem = problem or "Choose at least one γ to measure."
-    cfg = None
+    prompt = encode(pair, text)
+    problem = prompt.problem(s.max_new_tokens) or (None if gammas else "Choose at least one γ to measure.")
+    current = None
     if problem:
         st.info(problem, icon=":material/edit:")
     else:
-        cfg = how_far.make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
+        cfg = how_far.sweep_config(s, text, gammas)
         _plan(cfg, s)
+        current = (_job_key(cfg),)
         if requested:
-            _start(pair, ids, cfg)
-        elif ui.job(_job_key(cfg)) is not None:
-            ss[P + "key"] = _job_key(cfg)  # measured before (by anyone): show it, never re-run it
-
-    key = ss.get(P + "key")
-    job = ui.job(key) if key is not None else None
-    if key is not None and job is None:
-        st.warning("This measurement is no longer in memory. Press **Measure** to run it again.")
-    if job is not None and cfg is not None and key != _job_key(cfg):
-        st.info("The prompt, γ values or settings changed since this measurement. Press **Measure** to run them; "
-                "until then the previous measurement stays on screen.", icon=":material/sync:")
-    view = job.view() if job is not None else None
-    if view is not None and not view.finished:
-        ui.poll_jobs([key], ["Measuring γ"])
-    elif view is not None and view.state != "done":
-        ui.show_job_status(job, view, "Measuring γ")
-    sweep: Sweep | None = view.result if view is not None and view.state == "done" else None
+            jobs.start(SLOT, {current[0]: lambda: how_far.sweep_steps(pair, prompt.ids, cfg)})
+    done = jobs.results(SLOT, current)
+    sweep: Sweep | None = done[0] if done else None
 
     st.divider()
     if sweep is not None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
         _metrics(sweep, s)
-    slider = _sliders(sweep, key) if s.level != "d1" else None
+    slider = _sliders(sweep) if s.level != "d1" else None
     _chart(sweep, s, slider)
     if sweep is not None and s.level != "d1":
         _table(sweep, s)
@@ -269,4 +214,4 @@ def main() -> None:
     _lessons(s)
 
 
-ui.run_page(main)
+run_page(main)

@@ -6,23 +6,23 @@ from typing import Any
 
 import streamlit as st
 
+from specviz.app import jobs
+from specviz.app.pairs import pair_or_message
+from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
+from specviz.app.settings import Settings
+from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.sidebar import DRAFTER_TITLES, settings
 from specviz.labs import same_answer
-from specviz.app import ui
-from specviz.core.drafters import make_drafter
-from specviz.core.trace import GenerationConfig
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
-from specviz.core.sampling import SamplingConfig
-from specviz.app.settings import Settings, prompt_problem
 from specviz.viz import same_answer as same_answer_view
 
-P = "same."  # session_state prefix of this page
+P = "same_answer."  # session_state prefix of this page
 DEFAULT_PROMPT = "story"  # measured: SmolLM2's int8 draft and its target disagree here, so a lossy rule shows
 DEFAULT_SAMPLES = 2000  # measured on smollm2-135m, 2 tokens: ~5 s target alone + ~7 s speculative on this CPU
 DEFAULT_TOP_K = 3  # k=3 is caught at p ≈ 0 on the default prompt; k=1 distorts too little for 2000 samples
 ALPHA = 0.01  # the test's significance level
 MAX_PROMPT_CHARS = 20_000
-POLL = 1.0  # seconds between status redraws while a job runs
 ss = st.session_state
 
 
@@ -64,13 +64,13 @@ def _use_preset(preset_id: str) -> None:
 
 
 def _prompt_box() -> str:
-    ui.preset_buttons(P, _use_preset)
+    preset_buttons(P, _use_preset)
     return st.text_area("Prompt (both parts continue this text)", key=P + "prompt", height=90,
                         max_chars=MAX_PROMPT_CHARS)
 
 
 # ------------------------------------------------------------------------------------------
-# Jobs: submit on a button press, keep the keys, poll while they run
+# Jobs: submitted on a button press; each part shows only what this pupil asked for
 # ------------------------------------------------------------------------------------------
 
 
@@ -78,21 +78,12 @@ def _request(flag: str) -> None:
     ss[P + flag] = True
 
 
-def _views(keys: tuple[tuple[Any, ...], ...]) -> list[Any] | None:
-    """The jobs' views, or None when one of them is gone from the runner (evicted: press again)."""
-    jobs = [ui.job(k) for k in keys]
-    if any(j is None for j in jobs):
-        return None
-    return [j.view() for j in jobs]
-
-
-def _shown_keys(name: str, current: tuple[tuple[Any, ...], ...], L1: bool) -> tuple[tuple[Any, ...], ...] | None:
-    keys = ss.get(P + name)
-    if keys is not None and keys != current:
-        st.info("The prompt or the settings changed since this result. Press the button to run them; "
-                "until then the previous result stays on screen." if not L1 else
-                "You changed something. Press the button to try again.", icon=":material/sync:")
-    return keys
+def _slot(name: str, what: tuple[str, ...], button: str, d1: bool) -> jobs.Slot:
+    changed = ("You changed something. Press **{button}** to try again." if d1 else
+               "The prompt or the settings changed since this result. Press **{button}** to run them; "
+               "until then the previous result stays on screen.")
+    return jobs.Slot(P + name, what, button, changed=changed, adopt=False, group=True,
+                     gone="This result is no longer in memory. Press **{button}** to run it again.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -100,46 +91,27 @@ def _shown_keys(name: str, current: tuple[tuple[Any, ...], ...], L1: bool) -> tu
 # ------------------------------------------------------------------------------------------
 
 
-def _greedy_config(s: Settings) -> GenerationConfig:
-    return GenerationConfig(max_new_tokens=s.max_new_tokens, gamma=s.gamma, adaptive=s.adaptive,
-                            sampling=SamplingConfig("greedy"))
-
-
-def _greedy_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
+def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     d1 = s.level == "d1"
     st.subheader("1 · The same words, one by one" if d1 else "1 · Greedy: the very same tokens")
-    ui.lesson_md(s.level, "same_greedy")
-    config = _greedy_config(s)
-    key = ("same.greedy", pair.spec.name, prompt, s.drafter, config)
-    problem = prompt_problem(prompt, len(ids), pair.context_length, s.max_new_tokens)
-    st.caption(f"{pair.spec.title} · drafter: {ui.DRAFTER_TITLES[s.drafter]} · γ = {s.gamma}"
+    lesson_md(s.level, "same_greedy")
+    config = same_answer.greedy_config(s)
+    key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config)
+    problem = prompt.problem(s.max_new_tokens)
+    st.caption(f"{pair.spec.title} · drafter: {DRAFTER_TITLES[s.drafter]} · γ = {s.gamma}"
                f"{' (adaptive)' if s.adaptive else ''} · {s.max_new_tokens} new tokens · greedy "
                "(the sidebar's pair, drafter, γ and max new tokens)")
-    st.button("Run both and compare" if not d1 else "Let both write", key=P + "greedy_go", type="primary",
-              icon=":material/compare_arrows:", on_click=_request, args=("greedy_req",), disabled=bool(problem))
+    label = "Run both and compare" if not d1 else "Let both write"
+    st.button(label, key=P + "greedy_go", type="primary", icon=":material/compare_arrows:", on_click=_request,
+              args=("greedy_req",), disabled=bool(problem))
     if problem:
         st.info(problem, icon=":material/edit:")
+    slot = _slot("greedy", ("Greedy runs",), label, d1)
     if ss.pop(P + "greedy_req", False) and not problem:
-        drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
-        job_ids = list(ids)
-        if ui.submit_job(key, lambda: same_answer.greedy_comparison(pair.target, drafter, pair.tokenizer, job_ids, config,
-                                                                  pair.eos_ids)):
-            ss[P + "greedy"] = (key,)
-    keys = _shown_keys("greedy", (key,), d1)
-    if keys is None:
-        return
-    views = _views(keys)
-    if views is None:
-        st.warning("This result is no longer in memory. Press the button to run it again.")
-        return
-    view = views[0]
-    if not view.finished:
-        ui.poll_jobs(keys, ("Greedy runs",), every=POLL)
-        return
-    if view.state != "done":
-        ui.show_job_status(ui.job(keys[0]), view, "Greedy runs")
-        return
-    _greedy_result(view.result, s)
+        jobs.start(slot, {key: lambda: same_answer.greedy_job(pair, prompt.ids, s.drafter, config)})
+    done = jobs.results(slot, (key,))
+    if done:
+        _greedy_result(done[0], s)
 
 
 def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
@@ -186,17 +158,6 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def _sample_config(s: Settings) -> SampleConfig:
-    sampling = SamplingConfig("sample", temperature=s.temperature, top_p=s.top_p, seed=s.seed)
-    return SampleConfig(sampling, n_samples=int(ss[P + "n"]), n_tokens=int(ss[P + "tokens"]))
-
-
-def _spec_config(s: Settings) -> SpecConfig:
-    wrong = bool(ss[P + "wrong"])
-    return SpecConfig(gamma=s.gamma, drafter=s.drafter, rule="topk" if wrong else "exact",
-                      top_k=int(ss[P + "k"]) if wrong else 0)
-
-
 def _sampling_controls(s: Settings) -> None:
     d1 = s.level == "d1"
     lo, hi = same_answer.SAMPLES_RANGE
@@ -208,66 +169,57 @@ def _sampling_controls(s: Settings) -> None:
         st.toggle("Use a WRONG acceptance rule (a lossy shortcut)" if not d1 else "Let the big model be lazy",
                   key=P + "wrong", help=same_answer.RULE_TITLES["topk"])
         if ss[P + "wrong"]:
-            st.slider("k (accept any guess in the target's top k)", 1, 10, key=P + "k", width=260)
+            st.slider("k (accept any guess in the target's top k)", *same_answer.TOP_K_RANGE, key=P + "k", width=260)
 
 
-def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
+def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     d1 = s.level == "d1"
     st.subheader("2 · Dice: the same chances" if d1 else "2 · Sampling: the same distribution")
-    ui.lesson_md(s.level, "same_sampling")
+    lesson_md(s.level, "same_sampling")
     _sampling_controls(s)
-    cfg, spec = _sample_config(s), _spec_config(s)
+    cfg = same_answer.sample_config(s, int(ss[P + "n"]), int(ss[P + "tokens"]))
+    spec = same_answer.spec_config(s, bool(ss[P + "wrong"]), int(ss[P + "k"]))
     sp = cfg.sampling
     where = ("The sidebar is on greedy, so this part uses the sidebar's sampling settings anyway: "
              if s.mode == "greedy" else "Sampling settings from the sidebar: ")
     st.caption(f"{where}temperature {sp.temperature:g}, top-p {sp.top_p:g}, seed {sp.seed} · {pair.spec.title} · "
-               f"drafter: {ui.DRAFTER_TITLES[s.drafter]} · γ = {s.gamma} (fixed here; a sample drafts at most "
+               f"drafter: {DRAFTER_TITLES[s.drafter]} · γ = {s.gamma} (fixed here; a sample drafts at most "
                f"{max(1, cfg.n_tokens - 1)} of them) · rule: {same_answer.RULE_TITLES[spec.rule].split(':')[0]}")
-    ref_key = ("same.ref", pair.spec.name, prompt, cfg)
-    spec_key = ("same.spec", pair.spec.name, prompt, cfg, spec)
-    problem = prompt_problem(prompt, len(ids), pair.context_length, max(2, cfg.n_tokens))
-    st.button("Draw the samples" if not d1 else "Roll the dice", key=P + "sample_go", type="primary",
-              icon=":material/casino:", on_click=_request, args=("sample_req",), disabled=bool(problem))
+    ref_key = ("same_answer.ref", pair.spec.name, prompt.text, cfg)
+    spec_key = ("same_answer.spec", pair.spec.name, prompt.text, cfg, spec)
+    problem = prompt.problem(max(2, cfg.n_tokens))
+    label = "Draw the samples" if not d1 else "Roll the dice"
+    st.button(label, key=P + "sample_go", type="primary", icon=":material/casino:", on_click=_request,
+              args=("sample_req",), disabled=bool(problem))
     if problem:
         st.info(problem, icon=":material/edit:")
+    slot = _slot("sampling", ("Exact probabilities and target-only samples", "Speculative samples"), label, d1)
     if ss.pop(P + "sample_req", False) and not problem:
-        job_ids = list(ids)
-        ref = ui.submit_job(ref_key, lambda: same_answer.reference_job(pair.target, pair.tokenizer, job_ids, cfg))
-        sj = ui.submit_job(spec_key, lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, job_ids,
-                                                                       cfg, spec))
-        if ref and sj:
-            ss[P + "sampling"] = (ref_key, spec_key)
-    keys = _shown_keys("sampling", (ref_key, spec_key), d1)
-    if keys is None:
+        ids = list(prompt.ids)
+        jobs.start(slot, {
+            ref_key: lambda: same_answer.reference_job(pair.target, pair.tokenizer, ids, cfg),
+            spec_key: lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec),
+        })
+    if slot.shown() is None:
         if pair.spec.name == "qwen-coder":
             st.caption("On the 1.5B pair every continuation not seen before costs a full target pass and each sample "
                        "handles a 152k-token vocabulary: measured on this shared CPU, the default 2000 two-token samples "
                        "took about 1 minute for the target alone and 2–4 minutes with speculation. SmolLM2-135M "
                        "finishes the default in well under a minute.")
         return
-    views = _views(keys)
-    if views is None:
-        st.warning("This result is no longer in memory. Press the button to draw the samples again.")
-        return
-    if not all(v.finished for v in views):
-        ui.poll_jobs(keys, ("Exact probabilities and target-only samples", "Speculative samples"), every=POLL)
-        return
-    for v, key, what in zip(views, keys, ("Target-only samples", "Speculative samples")):
-        if v.state != "done":
-            ui.show_job_status(ui.job(key), v, what)
-            return
-    _sampling_result(views[0].result, views[1].result, keys[1][-2], keys[1][-1], s)
+    done = jobs.results(slot, (ref_key, spec_key))
+    shown = slot.shown()
+    if done and shown:
+        _sampling_result(done[0], done[1], shown[1][-2], shown[1][-1], s)
 
 
 def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec_cfg: SpecConfig, s: Settings) -> None:
     d1, names = s.level == "d1", _names(s.level)
-    fit_t, fit_s = same_answer.fit_test(ref.law, ref.target), same_answer.fit_test(ref.law, spec)
-    wrong = spec_cfg.rule == "topk"
-    _verdict(fit_t, fit_s, wrong, spec_cfg.top_k, spec.n, d1)
-    rows = same_answer.histogram_rows(ref.law, ref.target, spec)
+    test = same_answer.judge(ref, spec)
+    fit_t, fit_s = test.fit_target, test.fit_spec
+    _verdict(fit_t, fit_s, spec_cfg.rule == "topk", spec_cfg.top_k, spec.n, d1)
     title = f"{spec.n} samples each of the next {cfg.n_tokens} token{'s' if cfg.n_tokens > 1 else ''}"
-    st.plotly_chart(same_answer_view.histogram_figure(rows, names, ui.font_size(s), title=title), key=P + "hist",
-                    config={"displayModeBar": False})
+    chart(same_answer_view.histogram_figure(test.rows, names, font_size(s), title=title), P + "hist")
     if not d1:
         c1, c2, c3, c4 = st.columns(4)
         c1.metric(f"χ² p-value, {names['target']}", _p_text(fit_t), help="Goodness of fit against the exact law.")
@@ -285,7 +237,7 @@ def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec
             f"Exact law: {len(ref.law.sequences)} continuations covering {ref.law.covered:.1%} of the mass, "
             f"{ref.law.forwards} target passes. Memoised distributions: the speculative samples ran "
             f"{spec.forwards} model passes for {spec.lookups} rows asked.")
-        ui.lesson_md("d5", "same_test")
+        lesson_md("d5", "same_test")
 
 
 def _verdict(fit_t: FitTest, fit_s: FitTest, wrong: bool, k: int, n: int, d1: bool) -> None:
@@ -322,28 +274,28 @@ def _verdict(fit_t: FitTest, fit_s: FitTest, wrong: bool, k: int, n: int, d1: bo
 
 def _lessons(s: Settings) -> None:
     st.subheader("Why it works" if s.level == "d1" else "Why the answer is the same")
-    ui.lesson_md(s.level, "same_why")
+    lesson_md(s.level, "same_why")
     if s.level != "d1":
         with st.expander("The wrong rule, and why it fails"):
-            ui.lesson_md(s.level, "same_wrong")
+            lesson_md(s.level, "same_wrong")
 
 
 def main() -> None:
-    s = ui.settings()
+    s = settings()
     _init_state()
     st.title("Same answer" if s.level != "d1" else "Does the helper change the answer?")
-    ui.lesson_md(s.level, "same_intro")
-    prompt = ui.repaired_prompt(_prompt_box())
-    pair = ui.pair_or_message(s.pair)
+    lesson_md(s.level, "same_intro")
+    text = repaired_prompt(_prompt_box())
+    pair = pair_or_message(s.pair)
     if pair is None:
         return
-    ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []
+    prompt = encode(pair, text)
     st.divider()
-    _greedy_section(pair, prompt, ids, s)
+    _greedy_section(pair, prompt, s)
     st.divider()
-    _sampling_section(pair, prompt, ids, s)
+    _sampling_section(pair, prompt, s)
     st.divider()
     _lessons(s)
 
 
-ui.run_page(main)
+run_page(main)

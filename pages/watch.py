@@ -8,13 +8,19 @@ from typing import Any
 
 import streamlit as st
 
-from specviz.app import ui
+from specviz.app import jobs
+from specviz.app.pairs import pair_or_message
+from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
+from specviz.app.runner import JobView
+from specviz.app.settings import Settings, shown
+from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
+from specviz.app.sidebar import read_query, settings, write_page_query
 from specviz.core.trace import RoundTrace
+from specviz.labs import watch
+from specviz.labs.watch import RunRef
 from specviz.lessons import labels, lesson
-from specviz.app.runner import JobView, RunnerBusy
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.app.settings import Settings, prompt_problem
 from specviz.viz import export
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
@@ -42,34 +48,34 @@ ss = st.session_state
 def _init_state() -> None:
     if P + "prompt" in ss:
         return
-    url_prompt, url_preset = ui.read_query("prompt"), ui.read_query("preset")
+    url_prompt, url_preset = read_query("prompt"), read_query("preset")
     preset = get_preset(url_preset or "") or get_preset(DEFAULT_PRESET)
     notes: list[str] = []
     if url_preset and not get_preset(url_preset):
-        notes.append(f"Unknown preset `{url_preset}` in the link; showing the code example.")
+        notes.append(f"Unknown preset `{shown(url_preset)}` in the link; showing the code example.")
     ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
     if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
         notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
                      f"{MAX_PROMPT_CHARS:,} were kept (the prompt box holds at most that many).")
     ss.setdefault(P + "frame", 0)
     ss.setdefault(P + "playing", False)
-    speed = ui.read_query("speed")
+    speed = read_query("speed")
     if speed is not None and speed not in SPEEDS:
-        notes.append(f"Ignored `speed={speed}` in the link: choose one of {', '.join(SPEEDS)}.")
+        notes.append(f"Ignored `speed={shown(speed)}` in the link: choose one of {', '.join(SPEEDS)}.")
     ss[P + "speed"] = speed if speed in SPEEDS else "normal"
-    if ui.read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
+    if read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
         _request_play()
     ss[P + "notes"] = notes
 
 
-def _ref() -> ui.RunRef | None:
+def _ref() -> RunRef | None:
     return ss.get(P + "run")
 
 
-def _views(ref: ui.RunRef | None) -> tuple[JobView | None, JobView | None]:
+def _views(ref: RunRef | None) -> tuple[JobView | None, JobView | None]:
     if ref is None:
         return None, None
-    spec, plain = ui.job(ref.spec_key), ui.job(ref.plain_key)
+    spec, plain = jobs.job(ref.spec_key), jobs.job(ref.plain_key)
     return (spec.view() if spec else None), (plain.view() if plain else None)
 
 
@@ -129,14 +135,14 @@ def _header(s: Settings) -> None:
     st.title("Watch it work" if s.level != "d1" else "Watch the helper at work")
     for note in ss.pop(P + "notes", []):
         st.warning(note, icon=":material/link:")
-    ui.lesson_md(s.level, "intro")
+    lesson_md(s.level, "intro")
     if s.level == "d1":
-        ui.lesson_md("d1", "picture")
+        lesson_md("d1", "picture")
 
 
 def _prompt_box() -> str:
-    ui.preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
-                                       "creative": " — many good next words"})
+    preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
+                                    "creative": " — many good next words"})
     prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=110,
                           max_chars=MAX_PROMPT_CHARS, persist_state="session")
     preset = next((p.id for p in PRESETS if p.prompt == prompt), None)
@@ -145,7 +151,7 @@ def _prompt_box() -> str:
         url["preset"] = preset
     elif not preset and len(prompt) <= PROMPT_URL_MAX:
         url["prompt"] = prompt
-    ui.write_page_query(url, ("preset", "prompt", "speed", "autoplay"))
+    write_page_query(url, ("preset", "prompt", "speed", "autoplay"))
     return prompt
 
 
@@ -186,7 +192,7 @@ def _controls(has_run: bool) -> None:
     st.caption("Keyboard: **K** play/pause · **J** step back · **L** step one round · **Home** replay")
 
 
-def _handle_play(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
+def _handle_play(pair: Any, prompt: Prompt, s: Settings) -> None:
     """Start a run for the current prompt and settings, or resume/replay the one on screen.
 
     Submitting is idempotent: a run that exists (queued, running or done) is reused, and a
@@ -194,16 +200,16 @@ def _handle_play(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
     """
     if not ss.pop(P + "play_request", False):
         return
-    old = _ref()
-    try:
-        new = ui.start_runs(pair, prompt, ids, s)
-    except RunnerBusy as exc:
-        ss[P + "busy"] = str(exc)  # shown after the rerun that puts the Play button back
+    old, new = _ref(), watch.run_ref(pair.spec.name, prompt.text, s)
+    busy = jobs.submit({new.spec_key: lambda: watch.speculative_steps(pair, prompt.ids, s),
+                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)})
+    if busy:
+        ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
         ss[P + "playing"] = False
         st.rerun()
     if old is None or old.spec_key != new.spec_key:
         if old is not None:
-            ui.cancel_runs(old, new)
+            jobs.cancel_unshared(old.keys, new.keys)
         ss[P + "run"] = new
         ss[P + "frame"] = 0
         ss[P + "race_t0"] = None
@@ -220,21 +226,14 @@ def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
     if cached is None or cached[0] != sig:
         cached = ss[P + "fig." + name] = (sig, build())
     if cached[1] is not None:
-        st.plotly_chart(cached[1], key=P + name, config={"displayModeBar": False})
+        chart(cached[1], P + name)
 
 
-def _status(spec: JobView, plain: JobView | None, s: Settings, run: Settings, L: Any) -> None:
-    """One line on the run's progress (and the baseline's), in the level's words."""
+def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any) -> None:
+    """One line on the run's progress (and the baseline's), in the level's words; the lanes show the rounds."""
     d1 = s.level == "d1"
-    if spec.state == "failed":
-        st.error(f"This run stopped: {spec.error}", icon=":material/warning:")
-    elif spec.state == "cancelled":
-        st.info("This run was stopped because a newer one started. Press **Play** to run it again.")
-    elif spec.state == "queued":
-        ref = _ref()
-        job = ui.job(ref.spec_key) if ref else None
-        line = ui.wait_line(job) if job else None
-        st.info(line or "Waiting for the models…", icon=":material/hourglass_top:")
+    if spec.state in ("failed", "cancelled", "queued"):
+        jobs.show_status(ref.spec_key, spec, "This run", "Play")
     elif spec.state == "running":
         st.caption(f":material/settings: {L['thinking'].capitalize()} (round {len(spec.rounds) + 1})")
     elif spec.state == "done" and spec.generation is not None:
@@ -243,13 +242,11 @@ def _status(spec: JobView, plain: JobView | None, s: Settings, run: Settings, L:
                 f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
                 f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
         st.caption(done + " The animation replays the recorded rounds.")
-    if plain is not None and plain.state == "cancelled":
-        st.caption("The plain run for comparison was stopped; press **Play** to measure it again.")
+    if plain is not None and plain.state in ("failed", "cancelled"):
+        jobs.show_status(ref.plain_key, plain, "The plain run for comparison", "Play")
     elif plain is not None and not plain.finished:
         made = sum(len(r.new_ids) for r in plain.rounds)
-        st.caption(f":material/timer: Measuring plain decoding for comparison… {made}/{run.max_new_tokens}")
-    elif plain is not None and plain.state == "failed":
-        st.caption(f"The plain run for comparison failed: {plain.error}")
+        st.caption(f":material/timer: Measuring plain decoding for comparison… {made}/{ref.settings.max_new_tokens}")
 
 
 def _lanes(rounds: tuple[RoundTrace, ...], cur: pb.Cursor | None, waiting: bool, s: Settings, L: Any) -> str:
@@ -297,7 +294,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
     points = pb.running_points(shown, base)
     last = points[-1] if points else None
-    final = summarize(spec.generation, plain.generation) if (
+    final = compare(spec.generation, plain.generation) if (
         all_shown and spec.generation and plain is not None and plain.generation) else None
     speed = final.speedup if final else (last.speedup if last else None)
     if s.level == "d1":
@@ -314,7 +311,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here.")
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
-        full = summarize(spec.generation, plain.generation) if (
+        full = compare(spec.generation, plain.generation) if (
             spec.generation and plain is not None and plain.generation) else None
         c = full.c if full else None
         expected = full.expected_speedup if full else None
@@ -323,7 +320,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
                    help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α and measured c")
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
-               lambda: watch_view.running_figure(points, L, ui.font_size(s)))
+               lambda: watch_view.running_figure(points, L, font_size(s)))
 
 
 def _metric_slots(n: int, s: Settings) -> list[Any]:
@@ -364,11 +361,11 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
             return
         last = rejected[-1]
         _chart("rejection", (run_id, last.index, s.level, s.presenter),
-               lambda: watch_view.rejection_figure(last, L, font_size=ui.font_size(s)))
-        ui.lesson_md(s.level, "greedy_residual" if run_mode == "greedy" else "sampling_residual")
+               lambda: watch_view.rejection_figure(last, L, font_size=font_size(s)))
+        lesson_md(s.level, "greedy_residual" if run_mode == "greedy" else "sampling_residual")
 
 
-def _live(ref: ui.RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
+def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
     """One tick: advance the replay cursor if playing, then draw what has been recorded so far."""
     L = labels(s.level)
     spec, plain = _views(ref)
@@ -390,7 +387,7 @@ def _live(ref: ui.RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
     if status != status_at_run:
         st.rerun(scope="app")  # start/stop ticking and show the end-of-run sections
 
-    _status(spec, plain, s, ref.settings, L)
+    _status(ref, spec, plain, s, L)
     waiting = not spec.finished and (cur is None or at_end)
     state = pb.lane_state(rounds[cur.round], cur.step) if cur else None
     left, right = st.columns([3, 2], gap="large")
@@ -402,7 +399,7 @@ def _live(ref: ui.RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         tree_round = _latest_tree_round(rounds, cur, state)
         if tree_round is not None:
             st.html(tree_view.tree_html(tree_round, s.level))
-            ui.lesson_md(s.level, "tree")
+            lesson_md(s.level, "tree")
         st.subheader(L["text_title"])
         segments = pb.text_segments(rounds, cur)
         st.html(strip.text_html(ref.prompt, segments, L, code="\n" in ref.prompt))
@@ -414,12 +411,12 @@ def _live(ref: ui.RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         _inspector(rounds, cur, s, L, ref.spec_key, ref.settings.mode)
 
 
-def _race(ref: ui.RunRef, s: Settings) -> None:
+def _race(ref: RunRef, s: Settings) -> None:
     """Plain vs speculative decoding, replayed on a shared clock at measured speed."""
     L = labels(s.level)
     spec, plain = _views(ref)
     st.subheader("The race" if s.level == "d1" else "Race: plain vs speculative (replayed at measured speed)")
-    ui.lesson_md(s.level, "race")
+    lesson_md(s.level, "race")
     if not (spec and plain and spec.generation and plain.generation):
         made = sum(len(r.new_ids) for r in plain.rounds) if plain else 0
         st.caption(f"The race starts once both runs are measured "
@@ -450,12 +447,12 @@ def _race(ref: ui.RunRef, s: Settings) -> None:
         hint = "Press **Start the race**. " if start is None else ""
         st.caption(f"{hint}{clock}replayed at measured speed (the two runs were computed one after the other).")
         if s.level != "d1":
-            _chart("race", (ref.spec_key, s.level, s.presenter), lambda: watch_view.race_figure(spec_tl, plain_tl, L, ui.font_size(s)))
+            _chart("race", (ref.spec_key, s.level, s.presenter), lambda: watch_view.race_figure(spec_tl, plain_tl, L, font_size(s)))
 
     race_view()
 
 
-def _same_text(ref: ui.RunRef, s: Settings) -> None:
+def _same_text(ref: RunRef, s: Settings) -> None:
     spec, plain = _views(ref)
     if not (spec and plain and spec.generation and plain.generation):
         return
@@ -477,7 +474,7 @@ def _same_text(ref: ui.RunRef, s: Settings) -> None:
                 "so the two texts can differ. Same seed and settings replay a run exactly.")
 
 
-def _downloads(ref: ui.RunRef) -> None:
+def _downloads(ref: RunRef) -> None:
     spec, plain = _views(ref)
     if not (spec and spec.generation):
         return
@@ -490,48 +487,47 @@ def _downloads(ref: ui.RunRef) -> None:
                            "application/json", key=P + "json", icon=":material/download:", on_click="ignore")
 
 
-def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
+def _lessons(ref: RunRef | None, s: Settings) -> None:
     """The deeper notes of D2 and D5 (D1 keeps to the story)."""
     if s.level == "d1":
-        ui.lesson_md("d1", "where")
+        lesson_md("d1", "where")
         return
     L = labels(s.level)
     spec, plain = _views(ref)
     st.subheader("Go deeper")
     if s.level == "d2":
         with st.expander("The four steps of a round", expanded=False):
-            ui.lesson_md("d2", "round")
+            lesson_md("d2", "round")
         with st.expander("The memory picture: why checking several tokens is cheap"):
-            ui.lesson_md("d2", "memory")
-            st.image(str(ui.ASSETS / "memory.svg"), width=640)
+            lesson_md("d2", "memory")
+            st.image(str(ASSETS / "memory.svg"), width=640)
             if spec and spec.rounds:
-                st.plotly_chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
-                                key=P + "cost2", config={"displayModeBar": False})
+                chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, font_size(s)),
+                      P + "cost2")
         with st.expander("Exact, not approximate"):
-            ui.lesson_md("d2", "rule")
-            ui.lesson_md("d2", "analogy")
-        ui.lesson_md("d2", "where")
+            lesson_md("d2", "rule")
+            lesson_md("d2", "analogy")
+        lesson_md("d2", "where")
         return
     with st.expander("The acceptance rule and the residual", expanded=True):
-        ui.lesson_md("d5", "rule")
+        lesson_md("d5", "rule")
     with st.expander("Leviathan's trade-off", expanded=True):
-        ui.lesson_md("d5", "tradeoff")
+        lesson_md("d5", "tradeoff")
         if spec and plain and spec.generation and plain.generation:
-            sm = summarize(spec.generation, plain.generation)
-            if sm.acceptance_rate is not None and sm.c is not None:
-                st.plotly_chart(watch_view.tradeoff_figure(sm.acceptance_rate, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
-                                key=P + "tradeoff", config={"displayModeBar": False})
+            sm = compare(spec.generation, plain.generation)
+            if sm.alpha_checked is not None and sm.c is not None:
+                chart(watch_view.tradeoff_figure(sm.alpha_checked, sm.c, sm.gamma, sm.speedup, L, font_size(s)),
+                      P + "tradeoff")
         else:
             st.caption("The curve for this run's α and c appears once both runs are measured.")
     with st.expander("What one target pass costs here (measured)"):
-        ui.lesson_md("d5", "cpu")
+        lesson_md("d5", "cpu")
         if spec and spec.rounds:
-            st.plotly_chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, ui.font_size(s)),
-                            key=P + "cost5", config={"displayModeBar": False})
+            chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, font_size(s)), P + "cost5")
     with st.expander("Beyond one draft model: batching, features, trees"):
         for key in ("batching", "eagle", "trees"):
-            ui.lesson_md("d5", key)
-    ui.lesson_md("d5", "where")
+            lesson_md("d5", key)
+    lesson_md("d5", "where")
 
 
 # ------------------------------------------------------------------------------------------
@@ -540,41 +536,40 @@ def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
 
 
 def main() -> None:
-    s = ui.settings()
+    s = settings()
     _init_state()
     _header(s)
-    prompt = ui.repaired_prompt(_prompt_box())
+    text = repaired_prompt(_prompt_box())
     ref = _ref()
     spec, plain = _views(ref)
     if s.level == "d1":
         _d1_question(bool(spec and spec.finished))
     _controls(has_run=bool(spec and spec.rounds))
     if busy := ss.pop(P + "busy", None):
-        st.warning(f"The server is busy: {busy}.", icon=":material/hourglass_top:")
+        st.warning(busy, icon=":material/hourglass_top:")
 
-    pair = ui.pair_or_message(s.pair)
+    pair = pair_or_message(s.pair)
     if pair is None:
         if ss.pop(P + "play_request", False):
             ss[P + "playing"] = False
             st.rerun()
         return
-    ids: list[int] = list(pair.tokenizer(prompt)["input_ids"]) if prompt.strip() else []
-    problem = prompt_problem(prompt, len(ids), pair.context_length, s.max_new_tokens)
+    prompt = encode(pair, text)
+    problem = prompt.problem(s.max_new_tokens)
     if problem:
         st.info(problem, icon=":material/edit:")
         if ss.pop(P + "play_request", False):
             ss[P + "playing"] = False
             st.rerun()
     else:
-        _handle_play(pair, prompt, ids, s)
+        _handle_play(pair, prompt, s)
         ref = _ref()
     if ref is None:
         if not problem:
-            st.caption(f"Ready: {len(ids)} prompt tokens, {pair.spec.title}. Press **Play** to start.")
+            st.caption(f"Ready: {len(prompt.ids)} prompt tokens, {pair.spec.title}. Press **Play** to start.")
         _lessons(None, s)
         return
-    spec_key, _ = ui.run_keys(pair.spec.name, prompt, s)
-    if ref.spec_key != spec_key:
+    if ref.spec_key != watch.run_ref(pair.spec.name, text, s).spec_key:
         st.info("The prompt or the settings changed since this run. Press **Play** to run them; "
                 "until then the previous run stays on screen.", icon=":material/sync:")
 
@@ -594,4 +589,4 @@ def main() -> None:
     _lessons(ref, s)
 
 
-ui.run_page(main)
+run_page(main)

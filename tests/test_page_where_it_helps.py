@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz import models
-from specviz.app import ui
+from specviz.app import jobs
 from specviz.labs import where_it_helps
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
@@ -21,7 +21,7 @@ def open_page(**query: str) -> AppTest:
 
 
 def run_workloads(at, timeout: float = 120.0):
-    at.button(key="where.run").click().run()
+    at.button(key="where_it_helps.run").click().run()
     no_exception(at)
     end = time.time() + timeout
     while time.time() < end:
@@ -39,9 +39,9 @@ def chart(at) -> dict:
 
 def test_fast_pair_defaults_to_running_now_and_runs_nothing_before_asked():
     at = open_page(max_new="11")  # settings no other test runs: the shared runner holds no job for them
-    assert at.radio(key="where.source").value == "run"
+    assert at.radio(key="where_it_helps.source").value == "run"
     assert "fast enough on this CPU" in texts(at) and "Plan: for each of the 6 preset prompts" in texts(at)
-    assert "where.key" not in at.session_state and not at.get("plotly_chart")
+    assert "where_it_helps.key" not in at.session_state and not at.get("plotly_chart")
 
 
 def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
@@ -57,8 +57,8 @@ def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
     words = texts(at)
     assert "Measured now on this machine" in words and "workloads averaged" in words
     assert "Why code and lists win and stories lose" in words
-    key = at.session_state["where.key"]
-    job = ui.runner().get(key)
+    key = at.session_state["where_it_helps.key"]
+    job = jobs.runner().get(key)
     set_settings(at, level="d1")
     no_exception(at)
     kids = texts(at)
@@ -67,16 +67,16 @@ def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
     set_settings(at, level="d5")
     no_exception(at)
     assert "min(1, p/q)" in texts(at) and "same text as target alone" in at.dataframe[0].value.columns
-    assert at.session_state["where.key"] == key and ui.runner().get(key) is job  # nothing re-ran
+    assert at.session_state["where_it_helps.key"] == key and jobs.runner().get(key) is job  # nothing re-ran
 
 
 def test_a_second_run_with_the_same_settings_reuses_the_job():
     at = run_workloads(open_page())
-    key = at.session_state["where.key"]
-    job = ui.runner().get(key)
-    at.button(key="where.run").click().run()
+    key = at.session_state["where_it_helps.key"]
+    job = jobs.runner().get(key)
+    at.button(key="where_it_helps.run").click().run()
     no_exception(at)
-    assert at.session_state["where.key"] == key and ui.runner().get(key) is job and job.view().state == "done"
+    assert at.session_state["where_it_helps.key"] == key and jobs.runner().get(key) is job and job.view().state == "done"
     assert at.get("plotly_chart")  # still on screen, no progress bar
 
 
@@ -89,7 +89,7 @@ def test_changed_sidebar_settings_keep_the_old_bars_until_run():
 
 def test_bench_source_without_a_file_says_how_to_make_one():
     at = open_page()
-    at.radio(key="where.source").set_value("bench").run()
+    at.radio(key="where_it_helps.source").set_value("bench").run()
     no_exception(at)
     assert "No benchmark file for `tiny-random`" in texts(at) and "python -m specviz bench" in texts(at)
 
@@ -110,13 +110,13 @@ def test_slow_pair_opens_on_the_benchmark_file_without_loading_it(monkeypatch):
     at = open_page(level="d5")  # opened on the tiny pair: the Watch page (the default) loads its pair
     set_settings(at, pair="qwen-coder")
     no_exception(at)
-    assert at.radio(key="where.source").value == "bench"
+    assert at.radio(key="where_it_helps.source").value == "bench"
     words = texts(at)
     assert "slow on this CPU" in words and "bench-qwen-coder.csv" in words and "machine:" in words
-    assert at.selectbox(key="where.bench_method").value == "spec-g4"
+    assert at.selectbox(key="where_it_helps.bench_method").value == "spec-g4"
     bars = [t for t in chart(at)["data"] if t["type"] == "bar"]
     assert {t["name"] for t in bars} == {"predictable", "creative"}
-    at.selectbox(key="where.bench_method").set_value("spec-adaptive").run()
+    at.selectbox(key="where_it_helps.bench_method").set_value("spec-adaptive").run()
     no_exception(at)
     assert "spec-adaptive" in texts(at)
     assert "qwen-coder" not in loads

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz.app import ui
+from specviz.app import jobs
 from specviz.labs import why_cheap as vc
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page
 
@@ -70,7 +70,7 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     wait_for(at, pass_done)
     key = at.session_state["why_cheap.pass"]
     assert key[0] == "why_cheap.pass" and key[1] == "tiny-random" and key[2].repeats == 2
-    job = ui.runner().get(key)
+    job = jobs.runner().get(key)
     assert job is not None and job.view().state == "done"
     assert "new tokens in one target pass" in chart_titles(at) and "time of the pass (ms)" in chart_titles(at)
     assert "cost of the pass (one-token steps)" in chart_titles(at)
@@ -86,11 +86,11 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     no_exception(at)
     assert at.dataframe and "Arithmetic intensity" in texts(at)
     assert list(at.dataframe[0].value.columns)[:2] == ["new tokens", "median ms"]
-    assert ui.runner().get(key) is job
+    assert jobs.runner().get(key) is job
 
     at.button(key="why_cheap.go_pass").click().run()  # same settings again: the same job, nothing re-run
     no_exception(at)
-    assert ui.runner().get(key) is job and job.view().state == "done" and pass_done(at)
+    assert jobs.runner().get(key) is job and job.view().state == "done" and pass_done(at)
 
     at.number_input(key="why_cheap.pass_repeats").set_value(3).run()  # settings changed, not yet measured
     no_exception(at)
@@ -112,10 +112,10 @@ def test_batch_effect_appears_with_its_honest_caption():
     assert "1.0 = no gain" in names and any(str(n).startswith("this machine") for n in names)
     table = at.dataframe[-1].value
     assert list(table["batch"]) == [1, 2, 4, 8]
-    job = ui.runner().get(key)
+    job = jobs.runner().get(key)
     at.radio(key="cfg.level").set_value("d1").run()
     no_exception(at)
-    assert "stories at once" in texts(at) and ui.runner().get(key) is job
+    assert "stories at once" in texts(at) and jobs.runner().get(key) is job
 
 
 def test_gpu_figures_file_is_shown_when_present(tmp_path, monkeypatch):

@@ -1,1 +1,1 @@
-"""Streamlit glue: the shell around every page, the sidebar (settings <-> URL), the model worker and its jobs."""
+"""Streamlit glue: shell (every page's frame), sidebar (settings <-> URL), pairs, prompt, jobs (one submit/poll/show), runner."""

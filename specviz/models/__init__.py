@@ -1,6 +1,6 @@
 """Model pairs: the named registry and its sources (PyPI GGUF parts, hub ids or folders, a tiny pair built in code)."""
 
-from specviz.models.base import PairError, Progress
+from specviz.models.base import PairError, LoadProgress
 from specviz.models.gguf import cache_dir, ensure_cached
 from specviz.models.registry import (
     DEFAULT_PAIR,
@@ -14,6 +14,6 @@ from specviz.models.registry import (
 from specviz.models.tiny import tiny_tokenizer
 
 __all__ = [
-    "DEFAULT_PAIR", "PAIR_NAMES", "PRECISIONS", "LoadedPair", "PairError", "PairSpec", "Progress",
+    "DEFAULT_PAIR", "PAIR_NAMES", "PRECISIONS", "LoadedPair", "PairError", "PairSpec", "LoadProgress",
     "cache_dir", "ensure_cached", "get_spec", "load_pair", "tiny_tokenizer",
 ]

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specviz.models.base import PairError, Progress, _first_line, _no_progress
+from specviz.models.base import PairError, LoadProgress, _first_line, _no_progress
+from specviz.models.fit import check_fit
 from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
@@ -109,10 +110,11 @@ def load_pair(
     name: str,
     draft_precision: str | None = None,
     device: str | None = None,
-    progress: Progress | None = None,
+    progress: LoadProgress | None = None,
 ) -> LoadedPair:
     """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps."""
     spec = get_spec(name)
+    check_fit(spec.name)  # before any file is read: a pair that cannot fit is refused, nothing half-loaded
     report = progress or _no_progress
     dev = _resolve_device(device)
     precision = _resolve_precision(spec.draft_precision if draft_precision is None else draft_precision, dev)

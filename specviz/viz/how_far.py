@@ -1,14 +1,19 @@
-"""The "How far to guess" chart: Leviathan's curves against γ, the measured points, and the best γ."""
+"""The "How far to guess" chart (Leviathan's curves against γ, the measured points, the best γ) and its table."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.labs.how_far import Curves, GammaPoint
-from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR
+from specviz.labs.how_far import Curves, GammaPoint, Sweep, expected_at
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 MEASURED_COLOUR = "#D55E00"  # Okabe–Ito vermillion: the measured points
 CUSTOM_COLOUR = "#CC79A7"  # reddish purple: the sliders' curves
@@ -99,10 +104,7 @@ def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom
         fig.update_yaxes(title_text=w["tokens"], rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text=w["x"], dtick=1, range=[0.5, 16.5], row=speed_row, col=1)
     fig.update_xaxes(dtick=1, range=[0.5, 16.5], row=1, col=1)
-    fig.update_layout(template="plotly_white", height=560 if both else 340, font=dict(size=font_size),
-                      margin=dict(l=10, r=10, t=30, b=10),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
-    return fig
+    return layout(fig, 560 if both else 340, font_size, margin=dict(l=10, r=10, t=30, b=10))
 
 
 def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Figure:
@@ -113,7 +115,24 @@ def verify_cost_bars(points: Sequence[GammaPoint], font_size: int = 13) -> go.Fi
                 name="measured", hovertemplate="γ = %{x}: %{y:.2f} target steps<extra></extra>")
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot"), annotation_text="Leviathan's assumption: 1 step",
                   annotation_position="top left")
-    fig.update_layout(template="plotly_white", height=260, font=dict(size=font_size), margin=dict(l=10, r=10, t=30, b=10),
-                      xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
-                      yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"), showlegend=False)
-    return fig
+    return layout(fig, 260, font_size, margin=dict(l=10, r=10, t=30, b=10), showlegend=False,
+                  xaxis=dict(title="γ (the pass scores γ + 1 tokens)", dtick=1),
+                  yaxis=dict(title="verify pass (× one target step)", rangemode="tozero"))
+
+
+def sweep_table(sweep: Sweep, level: str) -> Styler:
+    """One row per γ: measured and expected speed-up, tokens per round, both acceptances (and c, cost at D5)."""
+    rows = []
+    for p in sweep.points:
+        row = {
+            "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": expected_at(sweep, p.gamma),
+            "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
+            "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,
+        }
+        if level == "d5":
+            row.update({"c": p.c, "verify pass (target steps)": p.verify_steps, "same text as target alone": p.identical})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
+    fmt["ms / token"] = "{:.0f}"
+    return frame.style.format(fmt, na_rep="–")

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.same_answer import GreedyComparison, HistogramRow
-from specviz.viz.watch import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, _layout, chart_label
+from specviz.viz.style import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, chart_label, layout
 from specviz.viz.strip import VISIBLE, esc
 
 Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words
@@ -77,5 +77,5 @@ def histogram_figure(rows: Sequence[HistogramRow], names: Names, font_size: int 
                      title=names.get("x", DEFAULT_NAMES["x"]), tickangle=-35)
     fig.update_yaxes(title=names.get("y", DEFAULT_NAMES["y"]), rangemode="tozero", tickformat=".0%")
     kw = dict(title=dict(text=title, x=0, font=dict(size=font_size + 1))) if title else {}
-    fig = _layout(fig, 420, font_size, barmode="group", **kw)
+    fig = layout(fig, 420, font_size, barmode="group", **kw)
     return fig.update_layout(margin=dict(t=70 if title else 40, b=10))

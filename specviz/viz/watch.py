@@ -1,4 +1,4 @@
-"""Plotly figure builders: pure functions of recorded traces (no model, no Streamlit)."""
+"""The "Watch it work" figures: pure functions of recorded traces (no model, no Streamlit)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,11 @@ import plotly.graph_objects as go
 from specviz.core.trace import RoundTrace, TopDist
 from specviz.core.metrics import best_gamma, expected_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
-from specviz.viz.strip import token_label
+from specviz.viz.style import (
+    ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, Q_COLOUR, RES_COLOUR, SPEED_COLOUR, chart_label, layout,
+)
 
 Labels = Mapping[str, str]
-# Okabe–Ito colours (colour-blind safe); every series also differs by pattern or marker symbol
-P_COLOUR, Q_COLOUR, RES_COLOUR = "#0072B2", "#56B4E9", "#E69F00"
-ACC_COLOUR, SPEED_COLOUR, PLAIN_COLOUR = "#009E73", "#0072B2", "#999999"
-
-
-def chart_label(text: str) -> str:
-    """A token as a chart tick: spaces shown as ␣, then escaped (plotly reads a few HTML tags)."""
-    return token_label(text.replace(" ", "␣"))
-
-
-def _layout(fig: go.Figure, height: int, font_size: int, legend_below: bool = False, **kw: object) -> go.Figure:
-    legend = dict(orientation="h", yanchor="top", y=-0.18, x=0) if legend_below else \
-        dict(orientation="h", yanchor="bottom", y=1.02, x=0)
-    fig.update_layout(
-        template="plotly_white", height=height, margin=dict(l=10, r=10, t=40, b=10),
-        font=dict(size=font_size), legend=legend, **kw,
-    )
-    return fig
 
 
 def _probs(dist: TopDist | None) -> dict[int, float]:
@@ -83,8 +67,8 @@ def rejection_figure(r: RoundTrace, labels: Labels, n_top: int = 10, font_size: 
     fig.update_xaxes(tickmode="array", tickvals=xs, ticktext=ticks)
     fig.update_yaxes(range=[0, 1.3], tickvals=[0, 0.25, 0.5, 0.75, 1], title=labels.get("chart_prob", "probability"))
     title = labels.get("chart_title", "Round {n}: why the guess was rejected").format(n=r.index + 1)
-    fig = _layout(fig, 380, font_size, legend_below=True, barmode="group",
-                  title=dict(text=title, x=0, font=dict(size=font_size + 2)))
+    fig = layout(fig, 380, font_size, legend_below=True, barmode="group",
+                 title=dict(text=title, x=0, font=dict(size=font_size + 2)))
     return fig.update_layout(margin=dict(t=56))
 
 
@@ -101,7 +85,7 @@ def running_figure(points: Sequence[RunningPoint], labels: Labels, font_size: in
                         hovertemplate="%{y:.2f}×<extra></extra>")
         fig.add_hline(y=1.0, yref="y2", line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
     top = max([pt.speedup or 0 for pt in points] + [2.0])
-    return _layout(
+    return layout(
         fig, 240, font_size,
         xaxis=dict(title=labels.get("round_axis", "round"), nticks=10, rangemode="tozero"),
         yaxis=dict(title=labels.get("acceptance", "acceptance"), range=[0, 1.05], tickformat=".0%"),
@@ -117,8 +101,8 @@ def race_figure(spec: RaceTimeline, plain: RaceTimeline, labels: Labels, font_si
                                    (labels.get("race_spec", "speculative"), spec, ACC_COLOUR, "solid")):
         fig.add_scatter(x=[0.0] + [t / 1000 for t in tl.times_ms], y=[0] + list(tl.tokens), name=name,
                         line=dict(color=colour, dash=dash, shape="hv"), mode="lines")
-    return _layout(fig, 260, font_size, xaxis=dict(title=labels.get("race_time", "seconds (measured)")),
-                   yaxis=dict(title=labels.get("tokens", "tokens")))
+    return layout(fig, 260, font_size, xaxis=dict(title=labels.get("race_time", "seconds (measured)")),
+                  yaxis=dict(title=labels.get("tokens", "tokens")))
 
 
 def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None, labels: Labels,
@@ -137,8 +121,8 @@ def tradeoff_figure(alpha: float, c: float, gamma: float, measured: float | None
     fig.add_vline(x=best, line=dict(color=PLAIN_COLOUR, dash="dot"))
     fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
     title = f"α = {alpha:.2f}, c = {c:.2f}: best γ ≈ {best}"
-    return _layout(fig, 260, font_size, title=dict(text=title, x=0, font=dict(size=font_size + 1)),
-                   xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×"))
+    return layout(fig, 260, font_size, title=dict(text=title, x=0, font=dict(size=font_size + 1)),
+                  xaxis=dict(title="γ", dtick=1), yaxis=dict(title=labels.get("speedup", "speed-up"), ticksuffix="×"))
 
 
 def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace], labels: Labels,
@@ -150,5 +134,5 @@ def verify_cost_figure(rounds: Sequence[RoundTrace], plain: Sequence[RoundTrace]
                         marker=dict(color=PLAIN_COLOUR, symbol="circle-open"))
     fig.add_scatter(x=[len(r.draft_ids) + 1 for r in rounds], y=[r.verify_ms for r in rounds], mode="markers",
                     name=labels.get("race_spec", "speculative"), marker=dict(color=ACC_COLOUR, symbol="diamond"))
-    return _layout(fig, 240, font_size, xaxis=dict(title=labels.get("cost_x", "tokens scored in one pass"), dtick=1),
-                   yaxis=dict(title="ms", rangemode="tozero"))
+    return layout(fig, 240, font_size, xaxis=dict(title=labels.get("cost_x", "tokens scored in one pass"), dtick=1),
+                  yaxis=dict(title="ms", rangemode="tozero"))

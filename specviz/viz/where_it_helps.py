@@ -1,14 +1,19 @@
-"""The "Where it helps" bars: speed-up and acceptance per workload, coloured by group."""
+"""The "Where it helps" bars (speed-up and acceptance per workload, coloured by group) and its table."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.viz.watch import PLAIN_COLOUR
-from specviz.labs.where_it_helps import WorkloadRow
+from specviz.viz.style import PLAIN_COLOUR, layout
+from specviz.labs.where_it_helps import WorkloadResults, WorkloadRow
+
+if TYPE_CHECKING:
+    from pandas.io.formats.style import Styler
 
 # Okabe–Ito: bluish green for predictable text, reddish purple (and a hatch) for creative text
 GROUP_STYLE: dict[str, tuple[str, str]] = {"predictable": ("#009E73", ""), "creative": ("#CC79A7", "/")}
@@ -53,7 +58,20 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
     fig.update_yaxes(title_text=w["acc"], range=[0, 115], ticksuffix=" %", row=1, col=2)
     for col in (1, 2):
         fig.update_xaxes(title_text=w["x"], categoryorder="array", categoryarray=titles, row=1, col=col)
-    fig.update_layout(template="plotly_white", height=400, font=dict(size=font_size), barmode="relative",
-                      margin=dict(l=10, r=10, t=50, b=10), uniformtext_minsize=max(font_size - 3, 8),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))
-    return fig
+    return layout(fig, 400, font_size, barmode="relative", margin=dict(l=10, r=10, t=50, b=10),
+                  uniformtext_minsize=max(font_size - 3, 8), legend=dict(orientation="h", yanchor="bottom", y=1.08, x=0))
+
+
+def workload_table(res: WorkloadResults, level: str) -> Styler:
+    """One row per workload: speed-up, acceptance, tokens per round and both speeds (identity too at D5)."""
+    rows = []
+    for r in res.rows:
+        row = {"workload": r.title, "group": r.group, "speed-up": r.speedup, "acceptance": r.acceptance,
+               "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
+               "target alone ms / token": r.baseline_ms_per_token}
+        if level == "d5":
+            row["same text as target alone"] = r.identical
+        rows.append(row)
+    fmt = {"speed-up": "{:.2f}×", "acceptance": "{:.0%}", "tokens / round": "{:.2f}", "ms / token": "{:.0f}",
+           "target alone ms / token": "{:.0f}"}
+    return pd.DataFrame(rows).style.format(fmt, na_rep="–")

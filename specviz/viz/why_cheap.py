@@ -1,13 +1,12 @@
-"""Figures of the "Why checking is cheap" lab: pass time against new tokens, and speed-up against batch size."""
+"""Figures and tables of the "Why checking is cheap" lab: pass time against new tokens, speed-up against batch size."""
 
 from __future__ import annotations
 
-import statistics
-
+import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.why_cheap import BatchEffect, PassCost
-from specviz.viz.watch import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, _layout
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere
 
@@ -32,8 +31,8 @@ def pass_time_figure(cost: PassCost, font_size: int = 14, x_title: str = "new to
     fig.add_scatter(x=list(cost.ks), y=list(cost.median_ms), mode="lines+markers", name=measured_name,
                     line=dict(color=SPEED_COLOUR, width=3), marker=dict(symbol="diamond", size=9),
                     hovertemplate="%{x} tokens: %{y:.0f} ms<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+    return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
+                  yaxis=dict(title=y_title, rangemode="tozero"))
 
 
 def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_size: int = 14,
@@ -53,8 +52,8 @@ def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_si
                         name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
                         marker=dict(symbol="square", size=8),
                         hovertemplate="%{x} tokens: %{y:.2f} steps<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
-                   yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
+    return layout(fig, 360, font_size, xaxis=_log2_axis(cost.ks, x_title),
+                  yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
 
 
 def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = None, font_size: int = 14,
@@ -79,8 +78,8 @@ def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = No
         fig.add_scatter(x=[p.batch for p in reference.points], y=list(reference.speedups), mode="lines+markers",
                         name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
                         marker=dict(symbol="square", size=8), hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
-    return _layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+    return layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
+                  yaxis=dict(title=y_title, rangemode="tozero"))
 
 
 def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "batch size (sequences per pass)",
@@ -88,11 +87,37 @@ def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "
     """Median ms of the one-token step and of the (γ+1)-token verify pass at each batch size."""
     fig = go.Figure()
     batches = [p.batch for p in effect.points]
-    fig.add_scatter(x=batches, y=[statistics.median(p.step_ms) for p in effect.points], mode="lines+markers",
+    fig.add_scatter(x=batches, y=[p.step_median_ms for p in effect.points], mode="lines+markers",
                     name="step: 1 new token per sequence", line=dict(color=PLAIN_COLOUR, width=3),
                     marker=dict(symbol="circle", size=8))
-    fig.add_scatter(x=batches, y=[statistics.median(p.verify_ms) for p in effect.points], mode="lines+markers",
+    fig.add_scatter(x=batches, y=[p.verify_median_ms for p in effect.points], mode="lines+markers",
                     name=f"verify: {effect.gamma + 1} new tokens per sequence", line=dict(color=SPEED_COLOUR, width=3),
                     marker=dict(symbol="diamond", size=9))
-    return _layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
+    return layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
+                  yaxis=dict(title=y_title, rangemode="tozero"))
+
+
+def pass_table(cost: PassCost) -> pd.DataFrame:
+    """One row per pass size: median, fastest and slowest time, cost in one-token steps, time per token."""
+    return pd.DataFrame({
+        "new tokens": list(cost.ks),
+        "median ms": [round(m, 1) for m in cost.median_ms],
+        "fastest ms": [round(min(t), 1) for t in cost.times_ms],
+        "slowest ms": [round(max(t), 1) for t in cost.times_ms],
+        "× one-token step": [round(x, 2) for x in cost.ratios],
+        "ms per token": [round(m / k, 1) for m, k in zip(cost.median_ms, cost.ks)],
+    })
+
+
+def batch_table(effect: BatchEffect) -> pd.DataFrame:
+    """One row per batch size: median step, verify and draft times, their ratios, and the expected speed-up."""
+    ps = effect.points
+    return pd.DataFrame({
+        "batch": [p.batch for p in ps],
+        "step ms": [round(p.step_median_ms, 1) for p in ps],
+        f"verify ms (γ+1 = {effect.gamma + 1})": [round(p.verify_median_ms, 1) for p in ps],
+        "r = verify ÷ step": [round(p.verify_ratio, 2) for p in ps],
+        "draft step ms": [round(p.draft_median_ms, 1) for p in ps],
+        "c(b)": [round(c, 3) if (c := effect.c_at(p)) is not None else None for p in ps],
+        "expected speed-up": [round(x, 2) if x is not None else None for x in effect.speedups],
+    })

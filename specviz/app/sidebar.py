@@ -1,0 +1,183 @@
+"""The shared sidebar: its widgets hold the Settings, and the URL holds them too (a link replays a demo)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import streamlit as st
+
+from specviz import models
+from specviz.app import policy as policy_rules
+from specviz.app.pairs import pair_store, pair_title
+from specviz.app.policy import Policy
+from specviz.app.settings import (
+    GAMMA_RANGE, LEVEL_TITLES, LEVELS, MODES, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
+    to_query,
+)
+
+log = logging.getLogger("specviz.app")
+
+K = "cfg."  # session_state prefix of the sidebar's widgets
+TEST_PAIR = "tiny-random"
+DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)",
+                  "tree": "tree of guesses (small draft model)"}
+MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
+
+
+def current_policy() -> Policy:
+    """The operator's rules (secrets, environment, `streamlit run app.py -- --classroom …`), read on every run.
+
+    Cheap, and never cached: an operator's edit of secrets.toml applies on the next rerun.
+    """
+    found, problems = policy_rules.load_policy(models.PAIR_NAMES, os.environ, _secrets(), sys.argv[1:])
+    for problem in problems:
+        log.warning("policy: %s", problem)
+    return found
+
+
+def _secrets() -> Mapping[str, Any]:
+    """`.streamlit/secrets.toml` as a dict ({} when there is none or it cannot be read)."""
+    try:
+        return st.secrets.to_dict() if st.secrets.load_if_toml_exists() else {}
+    except Exception as exc:  # noqa: BLE001 - a broken secrets file must not take the app down
+        log.warning("secrets.toml could not be read: %s", exc)
+        return {}
+
+
+def _pair_titles(rules: Policy) -> dict[str, str]:
+    return {**{n: pair_title(n) for n in rules.pairs}, **DRAFTER_TITLES}
+
+
+def _init_from_query() -> None:
+    """On a session's first run, read the URL into the widgets (bad values become friendly notes).
+
+    Only pairs the policy offers are taken from a link: a hub id or a folder is refused before
+    anything is resolved, read or downloaded.
+    """
+    if K + "ready" in st.session_state:
+        return
+    rules = current_policy()
+    params = st.query_params.to_dict()
+    settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
+    for name in QUERY_KEYS.values():
+        st.session_state[K + name] = getattr(settings, name)
+    st.session_state[K + "notes"] = notes
+    st.session_state[K + "ready"] = True
+
+
+def visible_pairs(current: str, rules: Policy | None = None) -> list[str]:
+    """The sidebar's pair choices (the policy's pairs): the test pair only when asked for (URL or SPECVIZ_SHOW_TEST_PAIR=1)."""
+    offered = (rules or current_policy()).pairs
+    show_test = os.environ.get("SPECVIZ_SHOW_TEST_PAIR") == "1" or current == TEST_PAIR
+    names = [n for n in offered if n != TEST_PAIR or show_test]
+    if current not in names and current in offered:
+        names.append(current)
+    return names or list(offered)
+
+
+def _pair_caption(name: str) -> str:
+    try:
+        spec = models.get_spec(name)
+    except models.PairError as exc:
+        return str(exc)
+    view = pair_store().peek(name)
+    ready = view is not None and view.status == "ready"
+    if name not in models.PAIR_NAMES:  # an operator's hub or folder pair: its description would show where it lives
+        return f"A model pair added by this server's operator.  \n**{'loaded ✓' if ready else 'not loaded yet'}**"
+    return f"{spec.description}  \n**{'loaded ✓' if ready else f'Load cost: {spec.load_cost}'}**"
+
+
+def sidebar_settings() -> Settings:
+    """Draw the shared sidebar and return the settings it holds (also kept for pages in session_state)."""
+    _init_from_query()
+    rules = current_policy()
+    _hold_to(rules)
+    sb = st.sidebar
+    for note in st.session_state.pop(K + "notes", []):
+        sb.warning(note, icon=":material/link:")
+    sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True,
+             help="Changes the words and how much is shown, never the run itself.")
+    pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
+    if rules.classroom and len(rules.pairs) == 1:  # a classroom's pupils see what they may change, nothing else
+        sb.markdown(f"**Model pair:** {pair_title(pair)}")
+    else:
+        sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=pair_title)
+        sb.caption(_pair_caption(st.session_state[K + "pair"]))
+    if len(rules.drafters) > 1:
+        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
+                 help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
+    sb.radio("Decoding", MODES, key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
+             help="Greedy always takes the most likely token; sampling draws from the probabilities.")
+    if st.session_state[K + "mode"] == "sample":
+        sb.slider("Temperature", *TEMPERATURE_RANGE, step=0.05, key=K + "temperature", persist_state="session")
+        sb.slider("Top-p", *TOP_P_RANGE, step=0.05, key=K + "top_p", persist_state="session")
+        sb.number_input("Seed", *SEED_RANGE, step=1, key=K + "seed", persist_state="session",
+                        help="Same seed, same dice: a sampled run replays exactly.")
+    adaptive = sb.toggle("Adaptive γ", key=K + "adaptive",
+                         help="Let the engine choose the draft length each round: long while the helper is sure "
+                         "and right, nothing while drafting does not pay. γ below is then the most it may draft.")
+    sb.slider("γ — most tokens guessed per round" if adaptive else "γ — draft length (tokens guessed per round)",
+              *GAMMA_RANGE, key=K + "gamma")
+    sb.slider("Max new tokens", *rules.max_new_range, key=K + "max_new_tokens")
+    sb.toggle("Presenter mode (large type)", key=K + "presenter")
+    # checked again on the server, whatever the browser sent
+    settings, changed = policy_rules.enforce(_settings_from_state(), rules, models.DEFAULT_PAIR)
+    if changed:
+        log.warning("settings held to the policy: %s", changed)
+    st.session_state[K + "settings"] = settings
+    _write_query(to_query(settings), QUERY_KEYS)
+    return settings
+
+
+def _hold_to(rules: Policy) -> None:
+    """Keep the widgets' state inside the policy before they are drawn (an operator may tighten it while a session is open)."""
+    ss = st.session_state
+    if ss.get(K + "pair") not in rules.pairs:
+        ss[K + "pair"] = rules.first_pair(models.DEFAULT_PAIR)
+    if ss.get(K + "drafter") not in rules.drafters:
+        ss[K + "drafter"] = rules.drafters[0]
+    lo, hi = rules.max_new_range
+    ss[K + "max_new_tokens"] = policy_rules.bounded(ss.get(K + "max_new_tokens"), lo, hi, min(Settings().max_new_tokens, hi))
+
+
+def _settings_from_state() -> Settings:
+    ss, d = st.session_state, Settings()
+    return Settings(
+        level=ss.get(K + "level", d.level), pair=ss.get(K + "pair", d.pair), drafter=ss.get(K + "drafter", d.drafter),
+        mode=ss.get(K + "mode", d.mode), temperature=float(ss.get(K + "temperature", d.temperature)),
+        top_p=float(ss.get(K + "top_p", d.top_p)), seed=int(ss.get(K + "seed", d.seed)),
+        gamma=int(ss.get(K + "gamma", d.gamma)), adaptive=bool(ss.get(K + "adaptive", d.adaptive)),
+        max_new_tokens=int(ss.get(K + "max_new_tokens", d.max_new_tokens)),
+        presenter=bool(ss.get(K + "presenter", d.presenter)),
+    )
+
+
+def settings() -> Settings:
+    """The settings the sidebar drew on this run (defaults before it ran)."""
+    return st.session_state.get(K + "settings", Settings())
+
+
+def _write_query(values: Mapping[str, str], owned: Mapping[str, Any]) -> None:
+    """Make the URL hold exactly `values` for the keys this caller owns (others are left alone)."""
+    qp = st.query_params
+    for key in owned:
+        if key in values:
+            if qp.get(key) != values[key]:
+                qp[key] = values[key]
+        elif key in qp:
+            del qp[key]
+
+
+def write_page_query(values: Mapping[str, str], owned: tuple[str, ...]) -> None:
+    """Pages keep their own entries (prompt, preset, …) in the URL too, so a link replays a demo."""
+    _write_query(values, dict.fromkeys(owned))
+
+
+def read_query(key: str) -> str | None:
+    """One raw URL value (pages read theirs once, on the session's first run)."""
+    value = st.query_params.get(key)
+    return None if value is None else str(value)
