@@ -29,6 +29,7 @@ from specviz.viz import predict as predict_view
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
 from specviz.viz import strip
+from specviz.viz import tree as tree_view
 
 P = "watch."  # session_state prefix of this page
 # name -> (seconds per tick, frames per tick). Ticks stay at 2-3 per second at most: the browser and
@@ -276,6 +277,15 @@ def _lanes(rounds: tuple[RoundTrace, ...], cur: pb.Cursor | None, waiting: bool,
     return "".join(html)
 
 
+def _latest_tree_round(rounds: tuple[RoundTrace, ...], cur: pb.Cursor | None,
+                       state: pb.LaneState | None) -> RoundTrace | None:
+    """The latest tree round whose verdict is on screen (a run's last token may be a plain step without a tree)."""
+    if cur is None:
+        return None
+    last = cur.round if state is not None and state.final_shown else cur.round - 1
+    return next((rounds[i] for i in range(last, -1, -1) if rounds[i].tree is not None), None)
+
+
 def _active_steps(state: pb.LaneState | None) -> tuple[int, ...]:
     if state is None:
         return ()
@@ -405,6 +415,10 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         st.html(strip.legend_html(L))
         st.html(strip.steps_html([L[f"step{i}"] for i in range(1, 5)], _active_steps(None if waiting else state)))
         st.html(_lanes(rounds, cur, waiting, s, L))
+        tree_round = _latest_tree_round(rounds, cur, state)
+        if tree_round is not None:
+            st.html(tree_view.tree_html(tree_round, s.level))
+            lesson_md(s.level, "tree")
         st.subheader(L["text_title"])
         segments = pb.text_segments(rounds, cur)
         st.html(strip.text_html(ref.prompt, segments, L, code="\n" in ref.prompt))

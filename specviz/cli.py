@@ -72,7 +72,29 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of this request's random generator (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens at most (default 64)")
     p.add_argument("--drafter", choices=limits.DRAFTER_KINDS, default="model",
-                   help="model: the pair's draft model; ngram: prompt lookup, no second model")
+                   help="model: the pair's draft model; ngram: prompt lookup, no second model; "
+                   "tree: the draft model proposes a token tree, verified in one target pass")
+
+
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The shape of a drafted token tree (--drafter tree); defaults are TreeConfig's."""
+    from specviz.core.tree import TreeConfig
+
+    d = TreeConfig()
+    p.add_argument("--tree-budget", type=int, default=d.budget, help=f"nodes verified per round (default {d.budget})")
+    p.add_argument("--tree-branching", type=int, default=d.branching,
+                   help=f"children per expanded node and nodes expanded per level (default {d.branching}; 1 = a chain)")
+    p.add_argument("--tree-depth", type=int, default=d.depth, help=f"longest branch (default {d.depth})")
+
+
+def tree_config(args: argparse.Namespace) -> Any:
+    """The TreeConfig of --tree-* (a bad value is a one-line refusal, before any model loads)."""
+    from specviz.core.tree import TreeConfig
+
+    try:
+        return TreeConfig(budget=args.tree_budget, branching=args.tree_branching, depth=args.tree_depth)
+    except ValueError as e:
+        raise CliError(f"--{str(e).replace('tree ', 'tree-', 1)}") from None
 
 
 def check_sampling_arguments(args: argparse.Namespace) -> None:
@@ -176,6 +198,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     )
     add_pair_arguments(p)
     add_sampling_arguments(p)
+    add_tree_arguments(p)
     p.add_argument("--adaptive", action="store_true",
                    help="adaptive draft length: --gamma becomes the ceiling; the draft stops when unsure and "
                    "drafting switches off while it does not pay")
@@ -203,11 +226,18 @@ def round_to_dict(r: Any) -> dict[str, Any]:
         "next_origin": r.next_origin,
         "draft_ms": _num(r.draft_ms, 3),
         "verify_ms": _num(r.verify_ms, 3),
+        "tree": None if r.tree is None else {
+            "path": list(r.tree.path),
+            "nodes": [{"token": n.token, "text": n.text, "parent": n.parent, "depth": n.depth, "p": _num(n.p),
+                       "q": _num(n.q), "sampled": n.sampled, "accept_prob": _num(n.accept_prob),
+                       "uniform": _num(n.uniform), "verdict": n.verdict} for n in r.tree.nodes],
+        },
     }
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     check_sampling_arguments(args)
+    tree = tree_config(args)
     quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
     pair_name = resolve_pair_name(args.pair)
     progress = stderr_progress(args.quiet)
@@ -230,7 +260,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     pair = models.load_pair(pair_name, draft_precision=args.draft_precision, progress=progress)
     prompt_ids = encode_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
-    drafter = make_drafter(args.drafter, pair.draft, adaptive=args.adaptive)
+    drafter = make_drafter(args.drafter, pair.draft, adaptive=args.adaptive, tree=tree)
 
     # Warm-up, untimed: a few tokens through the target and the drafter (hence the draft model)
     # so the first timed run does not pay one-off costs (lazy kernel and allocator set-up, first
@@ -251,6 +281,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "gamma": args.gamma,
         "adaptive": args.adaptive,
         "drafter": spec.drafter,
+        "tree_config": {"budget": tree.budget, "branching": tree.branching, "depth": tree.depth} if args.drafter == "tree" else None,
         "draft_precision": getattr(pair, "draft_precision", None),
         "device": str(getattr(pair, "device", "cpu")),
         "temperature": args.temperature,
@@ -310,7 +341,13 @@ def print_human(res: dict[str, Any]) -> None:
     print(f"── rounds ({res['drafter']} drafter, γ={res['gamma']}, {res['mode']};"
           " ✓ accepted, ✗ rejected, · discarded) " + "─" * 8)
     for r in res["rounds"]:
-        if r["draft_tokens"]:
+        if r.get("tree"):
+            nodes = r["tree"]["nodes"]
+            path = " ".join(_tok(nodes[i]["text"]) + "✓" for i in r["tree"]["path"])
+            count = {v: sum(1 for x in nodes if x["verdict"] == v) for v in ("rejected", "unreached")}
+            marks = (f"tree of {len(nodes)}: {path or '(no branch kept)'}"
+                     f" [{count['rejected']} ✗ rejected, {count['unreached']} · unreached]")
+        elif r["draft_tokens"]:
             n = r["n_accepted"]  # ✓ accepted, ✗ the first rejection, · discarded after it (never checked)
             marks = " ".join(_tok(t) + ("✓" if i < n else "✗" if i == n else "·") for i, t in enumerate(r["draft_texts"]))
         else:

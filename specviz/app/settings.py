@@ -25,7 +25,7 @@ class Settings:
 
     level: Level = "d1"  # explanation depth: words and how much is shown, never the run; a fresh visit opens at the story
     pair: str = "qwen-coder"  # named target/draft pair from specviz.models
-    drafter: DrafterName = "model"  # small model drafts, or prompt lookup (n-gram, no second model)
+    drafter: DrafterName = "model"  # small model drafts a chain or a tree (TreeConfig defaults), or prompt lookup (n-gram)
     mode: str = "greedy"  # greedy (argmax) or sample
     temperature: float = 0.8  # only used when sampling
     top_p: float = 0.95  # only used when sampling

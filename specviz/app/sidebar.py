@@ -23,7 +23,8 @@ log = logging.getLogger("specviz.app")
 
 K = "cfg."  # session_state prefix of the sidebar's widgets
 TEST_PAIR = "tiny-random"
-DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)"}
+DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)",
+                  "tree": "tree of guesses (small draft model)"}
 MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
 
 

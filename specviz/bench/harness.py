@@ -60,7 +60,7 @@ class Method:
     name: str
     family: Literal["ours", "hf"]
     description: str
-    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram"); None = target only
+    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram", "tree"); None = target only
     gamma: int = 4  # ours: draft length (the ceiling when adaptive)
     adaptive: bool = False  # ours: AdaptiveGamma + the drafter's confidence stop
     assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
@@ -75,6 +75,8 @@ METHODS: tuple[Method, ...] = (
     Method("spec-g8", "ours", "speculative, model drafter, γ=8", "model", 8),
     Method("spec-adaptive", "ours", "speculative, model drafter, adaptive γ ≤ 16 (confidence stop + throughput switch)",
            "model", 16, adaptive=True),
+    Method("spec-tree", "ours", "speculative, model drafter, token tree (TreeConfig defaults: budget 16, branching 2, "
+           "depth 6), one target pass per tree", "tree"),
     Method("hf-plain", "hf", "transformers generate, target alone"),
     Method("hf-assisted", "hf", "transformers assisted generation, assistant_model = the draft (default schedule)",
            assistant=True),
@@ -91,7 +93,7 @@ FULL_PAIRS = ("qwen-coder", "smollm2-135m")
 QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
 # --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 8 minutes on the 2-core CPU
-QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "hf-plain", "hf-assisted")
+QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 
@@ -241,7 +243,7 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     if method.drafter is None:
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
-        drafter = make_drafter(method.drafter, pair.draft if method.drafter == "model" else None, adaptive=method.adaptive)
+        drafter = make_drafter(method.drafter, pair.draft if method.drafter != "ngram" else None, adaptive=method.adaptive)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)

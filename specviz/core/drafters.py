@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -169,10 +169,14 @@ ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transfo
 ADAPTIVE_MIN_TOKENS = 3
 
 
-def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False) -> Drafter:
-    """The drafter the CLI, the app and the benchmark use, by name."""
+def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False, tree: Any = None) -> Drafter:
+    """The drafter the CLI, the app and the benchmark use, by name (`tree`: a TreeConfig for kind "tree")."""
     if kind == "ngram":
         return NgramDrafter()
+    if kind == "tree" and draft_model is not None:
+        from specviz.core.tree import TreeConfig, TreeDrafter  # core.tree builds on this module
+
+        return TreeDrafter(draft_model, tree if tree is not None else TreeConfig())
     if kind != "model" or draft_model is None:
         raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
     if not adaptive:

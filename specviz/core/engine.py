@@ -13,6 +13,7 @@ from specviz.core.drafters import Draft, Drafter
 from specviz.core.kv import CachedLM
 from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs, verify_draft
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace, StopReason, TopDist
+from specviz.core.tree import TreeDrafter
 
 
 class TargetProbs(Protocol):
@@ -173,6 +174,12 @@ def _generate(
     stop: StopReason | None = None
 
     t0 = time.perf_counter()
+    if isinstance(drafter, TreeDrafter):  # tree rounds: a cache that can hold a tree, and their own round
+        from specviz.core.tree_round import TreeTarget, tree_round  # imports this module, so not at the top
+
+        if target_probs is not None:
+            raise ValueError("a tree drafter needs the target's own tree cache (target_probs is for chains)")
+        target_probs = TreeTarget(target, sampling)
     target_p = target_probs if target_probs is not None else CachedTarget(target, sampling)
     target_p.prefill(ids)
     session = drafter.start(ids, sampling, vocab) if drafter else None
@@ -184,16 +191,18 @@ def _generate(
         gamma = gamma_policy(rounds) if gamma_policy else config.gamma
         k_max = max(0, min(gamma, budget - 1)) if session else 0  # never draft past the budget
 
-        t = time.perf_counter()
-        draft = session.propose(ids, k_max, gen) if k_max else no_draft
-        draft_ms = _ms_since(t) if k_max else 0.0
+        if isinstance(drafter, TreeDrafter) and k_max:  # the tree's depth is bounded by the budget, not by γ
+            trace = tree_round(session, target_p, ids, budget - 1, gen, texts, config.trace_top_n, len(rounds), produced)
+        else:
+            t = time.perf_counter()
+            draft = session.propose(ids, k_max, gen) if k_max else no_draft
+            draft_ms = _ms_since(t) if k_max else 0.0
 
-        t = time.perf_counter()
-        p = target_p.probs(ids + list(draft.tokens), len(draft.tokens) + 1)  # (k+1, V)
-        verdict = accept_rule(p, draft.q.to(p.device), torch.tensor(draft.tokens, dtype=torch.long, device=p.device), gen)
-        verify_ms = _ms_since(t)
-
-        trace = _round_trace(len(rounds), produced, draft, p.cpu(), verdict, texts, config.trace_top_n, draft_ms, verify_ms)
+            t = time.perf_counter()
+            p = target_p.probs(ids + list(draft.tokens), len(draft.tokens) + 1)  # (k+1, V)
+            verdict = accept_rule(p, draft.q.to(p.device), torch.tensor(draft.tokens, dtype=torch.long, device=p.device), gen)
+            verify_ms = _ms_since(t)
+            trace = _round_trace(len(rounds), produced, draft, p.cpu(), verdict, texts, config.trace_top_n, draft_ms, verify_ms)
         new_ids, stop = _finish(list(trace.new_ids), budget, eos)
         ids.extend(new_ids)
         rounds.append(trace)

@@ -15,8 +15,8 @@ SAMPLES_RANGE = (100, 5000)  # the Same answer lab: draws per method (fewer cann
 SAMPLE_TOKENS_RANGE = (1, 3)  # the Same answer lab: how many next tokens one sample is made of
 REPEATS_RANGE = (1, 15)  # the Why checking is cheap lab: timed passes per point (median reported)
 MODES = ("greedy", "sample")  # argmax, or a draw from the tempered distribution
-DrafterKind = Literal["model", "ngram"]
-DRAFTER_KINDS: tuple[DrafterKind, ...] = ("model", "ngram")  # the small draft model, or prompt lookup (no second model)
+DrafterKind = Literal["model", "ngram", "tree"]
+DRAFTER_KINDS: tuple[DrafterKind, ...] = ("model", "ngram", "tree")  # the small draft model, prompt lookup (no second model), or a token tree from the draft model
 
 
 def check_within(what: str, value: float, lo: float, hi: float) -> None:

@@ -1,4 +1,5 @@
-"""What a run is asked (GenerationConfig) and what it records: one frozen RoundTrace per round, one Generation per run.
+"""What a run is asked (GenerationConfig) and what it records: one frozen RoundTrace per round (with its TreeTrace
+in tree rounds), one Generation per run.
 
 These records are plain CPU data; every view, metric and export reads them and nothing else.
 """
@@ -40,6 +41,33 @@ class TopDist:
     texts: tuple[str, ...]
 
 
+NodeVerdict = Literal["accepted", "rejected", "unreached"]
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One drafted node of a token tree and what the target made of it."""
+
+    token: int
+    text: str
+    parent: int  # index of the parent node in TreeTrace.nodes; -1 = the round's root (the last token before it)
+    depth: int  # 1 for the root's children
+    p: float  # target p(token) at the parent (before any sibling was tried)
+    q: float  # draft q(token) at the parent
+    sampled: bool  # drawn from q (tried first, with min(1, p/q)) or a deterministic pick (tried as a one-hot draft)
+    accept_prob: float | None  # the probability it was accepted with; None when never tried
+    uniform: float | None  # the u drawn for it; None when never tried
+    verdict: NodeVerdict  # accepted / rejected / never reached (an earlier sibling or an ancestor decided first)
+
+
+@dataclass(frozen=True)
+class TreeTrace:
+    """A whole drafted tree: nodes with parents before children, siblings in the order they were tried."""
+
+    nodes: tuple[TreeNode, ...]
+    path: tuple[int, ...]  # accepted node indices, root to leaf
+
+
 @dataclass(frozen=True)
 class RoundTrace:
     """Everything one round decided, as plain CPU data (the views only read these)."""
@@ -62,6 +90,9 @@ class RoundTrace:
     residual_top: TopDist | None  # what next_id was drawn from: norm(max(0, p-q)) or p
     draft_ms: float
     verify_ms: float  # target forward + acceptance rule
+    # tree rounds only: the whole tree. The chain fields above then list the accepted path first and
+    # the other nodes after it (accept_probs/uniforms are nan for nodes never tried).
+    tree: TreeTrace | None = None
 
     @property
     def new_ids(self) -> tuple[int, ...]:
@@ -73,7 +104,7 @@ class Generation:
     """A whole run: the new tokens, their text, every round and the totals."""
 
     kind: Literal["speculative", "autoregressive"]
-    drafter: str  # "model", "ngram" or "none"
+    drafter: str  # "model", "ngram", "tree" or "none"
     config: GenerationConfig
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]  # new ids, EOS included when it stopped the run

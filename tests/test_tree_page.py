@@ -1,0 +1,47 @@
+"""The Watch page plays a tree run (AppTest, tiny-random) and the tree picture escapes every token."""
+
+from __future__ import annotations
+
+from specviz.core.trace import RoundTrace, TreeNode, TreeTrace
+from specviz.viz.tree import tree_html
+from tests.test_app_watch import XSS, html, make_app, no_exception, play_to_end, texts
+
+
+def _node(token, text, parent, depth, verdict, tried=True):
+    return TreeNode(token, text, parent, depth, 0.5, 0.4, parent < 0 and depth == 1, 0.5 if tried else None,
+                    0.1 if tried else None, verdict)
+
+
+def _round(nodes, path, next_text="!", origin="correction"):
+    return RoundTrace(0, 0, (), (), (), (), (), (), (), len(path), 7, next_text, origin, None, None, None, 1.0, 2.0,
+                      tree=TreeTrace(tuple(nodes), tuple(path)))
+
+
+def test_tree_html_marks_verdicts_and_escapes_text():
+    nodes = [_node(1, XSS, -1, 1, "accepted"), _node(2, "b", -1, 1, "unreached", tried=False),
+             _node(3, "<script>", 0, 2, "rejected"), _node(4, "d", 2, 3, "unreached", tried=False)]
+    page = tree_html(_round(nodes, [0], next_text="</li>"), "d5")
+    assert "<img" not in page and "<script>" not in page and "</li></span>" not in page
+    assert "&lt;img" in page and "alert(1)&gt;" in page and "&lt;script&gt;" in page
+    assert page.count("sv-acc") == 1 and page.count("sv-struck") == 1 and page.count("sv-faded") == 2
+    assert page.count("sv-cor") == 1  # the target's token under the last kept node
+    # nesting follows the parents: node 3 is inside node 0's list, node 4 inside node 3's
+    assert page.index("&lt;script&gt;") > page.index("&lt;img") and page.index(">d<") > page.index("&lt;script&gt;")
+    assert "1 kept · 1 rejected · 2 never reached" in page
+
+
+def test_chain_rounds_draw_no_tree():
+    r = _round([], [])
+    assert tree_html(RoundTrace(*[getattr(r, f) for f in r.__dataclass_fields__ if f != "tree"]), "d2") == ""
+
+
+def test_watch_page_plays_a_tree_run_on_tiny_random():
+    at = make_app(drafter="tree")
+    at.run()
+    no_exception(at)
+    assert at.radio(key="cfg.drafter").value == "tree"
+    at = play_to_end(at)
+    page = html(at)
+    assert 'class="sv-tree"' in page and "guesses in a tree" in page
+    assert "sv-acc" in page
+    assert "tree of guesses" in texts(at).lower() or "branch" in texts(at).lower()
