@@ -17,7 +17,7 @@ from specviz.lessons import labels, lesson
 from specviz.viz import how_far as how_far_view
 from specviz.viz import playback as pb
 from specviz.viz import predict
-from specviz.viz import strip
+from specviz.viz import strip, style
 from specviz.viz import watch as watch_view
 from specviz.viz import where_it_helps as where_view
 from specviz.viz import why_cheap as why_cheap_view
@@ -260,8 +260,8 @@ def test_smollm2_int8_draft_overlaps_its_target_more_than_with_every_linear_in_i
 
 
 def test_long_tick_labels_break_into_lines_and_the_workload_panels_stack():
-    assert watch_view.wrap_tick("Copying from the prompt") == "Copying from<br>the prompt"
-    assert watch_view.wrap_tick("Code") == "Code"
+    assert style.wrap_tick("Copying from the prompt") == "Copying from<br>the prompt"
+    assert style.wrap_tick("Code") == "Code"
     fig = where_view.workload_bars([_wrow("Copying from the prompt", "predictable", 1.2), _wrow("Poem", "creative", 0.9)])
     assert fig.layout.xaxis.tickangle == 0 and "Copying from<br>the prompt" in fig.data[0].x
     assert fig.layout.yaxis2.domain[1] < fig.layout.yaxis.domain[0]  # acceptance below the speed-up, not beside it
