@@ -54,6 +54,8 @@ WARMUP_TEXT = "def add(a, b):\n    return a + b\n"
 
 def _load(name: str, progress: Any) -> models.LoadedPair:
     """Load a pair, then run it once briefly so the first measured run does not pay start-up costs."""
+    gc.unfreeze()  # a pair released by the store was frozen below: let the collector free its cycles first
+    gc.collect()
     pair = models.load_pair(name, progress=lambda f, m: progress(0.95 * f, m))
     progress(0.96, "warming up (one short run, so the first timing is fair)")
     ids = list(pair.tokenizer(WARMUP_TEXT)["input_ids"])
@@ -129,7 +131,8 @@ def _pair_ok(name: str) -> bool:
 def _known_pairs(params: Mapping[str, Any]) -> list[str]:
     wanted = str(params.get("pair", ""))
     names = list(models.PAIR_NAMES)
-    if wanted.startswith("hf:") and _pair_ok(wanted):
+    base, precision = models.split_ref(wanted)
+    if (base.startswith("hf:") or precision) and _pair_ok(wanted):
         names.append(wanted)
     return names
 
@@ -143,6 +146,9 @@ def _init_from_query() -> None:
     for name in ("level", "pair", "drafter", "mode", "temperature", "top_p", "seed", "gamma", "adaptive", "max_new_tokens",
                  "presenter"):
         st.session_state[K + name] = getattr(settings, name)
+    # the URL's pair may carry a target precision ("qwen-coder@bf16"): the pair box holds the name, the precision box the rest
+    st.session_state[K + "pair"], precision = models.split_ref(settings.pair)
+    st.session_state[K + "precision"] = precision or AUTO
     st.session_state[K + "notes"] = notes
     st.session_state[K + "ready"] = True
 
@@ -170,6 +176,9 @@ def _pair_caption(name: str) -> str:
         return str(exc)
     view = pair_store().peek(name)
     state = "loaded ✓" if view and view.status == "ready" else f"Load cost: {spec.load_cost}"
+    held = [n for n in pair_store().ready() if n != name]
+    if held and state != "loaded ✓":  # one pair at a time keeps a long-running server's memory bounded
+        state += f"; loading it releases {', '.join(_pair_title(n) for n in held)}"
     return f"{spec.description}  \n**{state}**"
 
 
@@ -183,7 +192,8 @@ def sidebar_settings() -> Settings:
              help="Changes the words and how much is shown, never the run itself.")
     pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
     sb.selectbox("Model pair (draft → target)", visible_pairs(pair), key=K + "pair", format_func=_pair_title)
-    sb.caption(_pair_caption(st.session_state[K + "pair"]))
+    precision_select(sb, st.session_state[K + "pair"])
+    sb.caption(_pair_caption(_pair_from_state()))
     sb.radio("Drafter", ("model", "ngram"), key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
              help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
     sb.radio("Decoding", ("greedy", "sample"), key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
@@ -206,10 +216,52 @@ def sidebar_settings() -> Settings:
     return settings
 
 
+AUTO = "auto"  # the precision box's "chosen at load" entry
+
+
+def _pair_from_state() -> str:
+    """The sidebar's pair with its target precision ("qwen-coder@bf16"; the plain name when automatic)."""
+    ss = st.session_state
+    precision = ss.get(K + "precision", AUTO)
+    return models.pair_ref(ss.get(K + "pair", Settings().pair), None if precision == AUTO else precision)
+
+
+def precision_select(sb: Any, pair: str) -> None:
+    """The target precision box: each entry with its memory cost and whether it keeps the promise here."""
+    try:
+        auto = models.choose_precisions(pair)
+    except models.PairError:
+        return
+
+    def title(p: str) -> str:
+        target = auto.target if p == AUTO else p
+        cost = models.memory_estimate(pair, target, auto.draft)
+        label = f"automatic: {models.precision.describe(target)}" if p == AUTO else models.precision.describe(p)
+        return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
+
+    sb.selectbox("Target precision", (AUTO, *models.TARGET_PRECISIONS), key=K + "precision", format_func=title,
+                 help="fp32 keeps speculative greedy output identical to the target alone. bf16 and int8 halve or "
+                 "quarter the memory (and are faster on CPUs with bf16 / int8 instructions), but a verify pass and "
+                 "a one-token step then round differently, so where the target's two best tokens are nearly tied "
+                 "the two runs can pick differently: not bit-exact here.")
+    if st.session_state.get(K + "level") == "d5":
+        sb.caption(f"Chosen here: {auto.reason}. {memory_line()}")
+
+
+def memory_line() -> str:
+    """This server's own memory use (resident set) and the loaded pairs' weights, for the D5 sidebar."""
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    held = pair_store().ready()
+    weights = ", ".join(f"{getattr(p.spec, 'title', n)} {p.weight_bytes / 1e9:.1f} GB" for n, p in held.items())
+    return f"Server memory now: {rss / 1e9:.1f} GB resident" + (f" (weights: {weights})." if weights else ".")
+
+
 def _settings_from_state() -> Settings:
     ss, d = st.session_state, Settings()
     return Settings(
-        level=ss.get(K + "level", d.level), pair=ss.get(K + "pair", d.pair), drafter=ss.get(K + "drafter", d.drafter),
+        level=ss.get(K + "level", d.level), pair=_pair_from_state(), drafter=ss.get(K + "drafter", d.drafter),
         mode=ss.get(K + "mode", d.mode), temperature=float(ss.get(K + "temperature", d.temperature)),
         top_p=float(ss.get(K + "top_p", d.top_p)), seed=int(ss.get(K + "seed", d.seed)),
         gamma=int(ss.get(K + "gamma", d.gamma)), adaptive=bool(ss.get(K + "adaptive", d.adaptive)),

@@ -129,7 +129,8 @@ class BenchConfig:
     max_new_tokens: int  # per run (EOS may stop a run earlier; ms/token divides by what was made)
     out_dir: Path  # where bench-<pair>.{csv,md,html} go
     device: str | None = None  # "cpu" or "cuda"; None = models.load_pair's choice
-    draft_precision: str | None = None  # "int8" or "fp32"; None = the pair's own default
+    draft_precision: str | None = None  # "int8", "bf16" or "fp32"; None = measured at load (models.precision)
+    target_precision: str | None = None  # "fp32", "bf16" or "int8"; None = fp32 where it fits (keeps identity)
     quick: bool = False
     command: str = ""  # the command line, for the report header
     temperature: float = SAMPLE_TEMPERATURE
@@ -160,6 +161,7 @@ def make_config(
     device: str | None = None,
     draft_precision: str | None = None,
     command: str = "",
+    target_precision: str | None = None,
 ) -> BenchConfig:
     """The run's settings from command-line values: --quick picks smaller defaults, explicit values win."""
     repeats = MIN_REPEATS if repeats is None else repeats
@@ -181,6 +183,7 @@ def make_config(
         out_dir=Path(out_dir),
         device=device,
         draft_precision=draft_precision,
+        target_precision=target_precision,
         quick=quick,
         command=command,
     )
@@ -572,8 +575,10 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         f"- settings: {config.repeats} repeats (interleaved: each repeat runs every method once), "
         f"{config.max_new_tokens} new tokens at most, modes {', '.join(config.modes)}"
         + (f" (sample = T {config.temperature}, top-k off, top-p 1)" if "sample" in config.modes else "")
+        + f", target precision {getattr(pair, 'target_precision', config.target_precision or 'default')}"
         + ", draft precision "
-        f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}, "
+        f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}"
+        + (f" ({pair.precision_reason})" if getattr(pair, "precision_reason", "") else "") + ", "
         f"a {config.warmup_tokens}-token untimed warm-up per method before each workload and mode",
         "",
         markdown_table(rows),
@@ -709,7 +714,10 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> list[tup
     results = []
     for name in config.pairs:
         _say(f"loading {name}")
-        pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress)
+        pair = models.load_pair(
+            name, draft_precision=config.draft_precision, device=config.device, progress=progress,
+            target_precision=config.target_precision,
+        )
         rows = aggregate(bench_pair(config, pair, name))
         paths = write_reports(config, pair, name, rows)
         _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")

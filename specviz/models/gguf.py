@@ -150,16 +150,20 @@ _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
 
 
 def _load_gguf_pair(
-    draft_src: GgufSource, target_src: GgufSource, report: Progress
+    draft_src: GgufSource,
+    target_src: GgufSource,
+    report: Progress,
+    target_dtype: torch.dtype = torch.float32,
+    draft_dtype: torch.dtype = torch.float32,
 ) -> tuple[Any, nn.Module, nn.Module]:
-    """Build the caches one model at a time (peak RAM: one dequantized model), then load both."""
+    """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes."""
     target_dir = ensure_cached(target_src, _span(report, 0.0, 0.6))
     draft_dir = ensure_cached(draft_src, _span(report, 0.6, 0.85))
     report(0.86, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
-    target = _load_cached_model(target_dir, target_src.title)
+    target = _load_cached_model(target_dir, target_src.title, target_dtype)
     report(0.92, f"loading {draft_src.title} (draft) from the cache")
-    draft = _load_cached_model(draft_dir, draft_src.title)  # always a separate copy: safe to quantize
+    draft = _load_cached_model(draft_dir, draft_src.title, draft_dtype)  # always a separate copy: safe to quantize
     return tokenizer, target, draft
 
 
@@ -383,13 +387,16 @@ def _load_cached_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
-def _load_cached_model(folder: Path, title: str) -> nn.Module:
-    """An fp32 causal LM from a local safetensors folder (no network, no remote code)."""
+def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A causal LM in `dtype` from a local safetensors folder (no network, no remote code).
+
+    transformers casts tensor by tensor while loading, so a bf16 load never holds an fp32 copy.
+    """
     from transformers import AutoModelForCausalLM
 
     with _oom_as_pair_error(title):
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, use_safetensors=True, local_files_only=True, trust_remote_code=False
+            folder, dtype=dtype, use_safetensors=True, local_files_only=True, trust_remote_code=False
         )
         _materialize(model)
     return model.eval()
