@@ -257,3 +257,21 @@ def test_the_test_pair_is_hidden_unless_asked_for(monkeypatch):
     monkeypatch.setenv("SPECVIZ_SHOW_TEST_PAIR", "1")
     assert "tiny-random" in ui.visible_pairs("qwen-coder")
     assert ui.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR
+
+
+def test_target_precision_is_a_sidebar_setting_in_the_url_and_the_pair_key():
+    at = make_app(level="d5")
+    at.run()
+    no_exception(at)
+    box = next(s for s in at.sidebar.selectbox if s.label == "Target precision")
+    assert box.value == ui.AUTO
+    assert "bf16 (not bit-exact here)" in box.options and "automatic: fp32" in box.options
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    assert "Chosen here:" in captions and "Server memory now:" in captions  # D5 sees the choice and the RSS
+    set_settings(at, precision="bf16")
+    no_exception(at)
+    assert at.session_state["cfg.settings"].pair == "tiny-random@bf16"
+    assert at.query_params["pair"] in ("tiny-random@bf16", ["tiny-random@bf16"])
+    back = make_app(pair="tiny-random@bf16")
+    back.run()
+    assert back.session_state["cfg.pair"] == "tiny-random" and back.session_state["cfg.precision"] == "bf16"
