@@ -546,3 +546,19 @@ def test_smollm2_bf16_loads_straight_into_bf16() -> None:
     assert {p.dtype for p in bf16.target.parameters()} == {torch.bfloat16}
     for (name, a), (_, b) in zip(fp32.target.named_parameters(), bf16.target.named_parameters()):
         assert torch.equal(a.bfloat16(), b), name  # the same weights, rounded once
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_model_reads_like_from_pretrained(dtype: torch.dtype) -> None:
+    """The tensor-by-tensor reader gives the model transformers' own loader gives, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    folder = gguf.ensure_cached(gguf.SMOLLM2_135M)
+    ours = gguf._load_cached_model(folder, "SmolLM2", dtype)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
+    ids = torch.tensor([[1, 504, 3, 99, 1200, 7]])
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids).logits, theirs(input_ids=ids).logits)
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight  # SmolLM2 ties its head
+    assert ours.generation_config.eos_token_id == theirs.generation_config.eos_token_id
