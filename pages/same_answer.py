@@ -239,7 +239,7 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
             ss[P + "sampling"] = (ref_key, spec_key)
     keys = _shown_keys("sampling", (ref_key, spec_key), d1)
     if keys is None:
-        if pair.spec.name == "qwen-coder":
+        if pair.spec.name.startswith("qwen-coder"):
             st.caption("On the 1.5B pair every continuation not seen before costs a full target pass and each sample "
                        "handles a 152k-token vocabulary: measured on this shared CPU, the default 2000 two-token samples "
                        "took about 1 minute for the target alone and 2–4 minutes with speculation. SmolLM2-135M "
