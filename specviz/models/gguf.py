@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -155,15 +155,20 @@ def _load_gguf_pair(
     report: Progress,
     target_dtype: torch.dtype = torch.float32,
     draft_dtype: torch.dtype = torch.float32,
+    finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
 ) -> tuple[Any, nn.Module, nn.Module]:
-    """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes."""
+    """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes.
+
+    The draft is loaded and finished (quantized) first, so its fp32 copy is gone before the target
+    arrives: the peak is the larger of the fp32 draft and the finished draft plus the target.
+    """
     target_dir = ensure_cached(target_src, _span(report, 0.0, 0.6))
     draft_dir = ensure_cached(draft_src, _span(report, 0.6, 0.85))
-    report(0.86, f"loading {target_src.title} from the cache")
+    report(0.86, f"loading {draft_src.title} (draft) from the cache")
+    draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype))  # its own copy: safe to quantize
+    report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
     target = _load_cached_model(target_dir, target_src.title, target_dtype)
-    report(0.92, f"loading {draft_src.title} (draft) from the cache")
-    draft = _load_cached_model(draft_dir, draft_src.title, draft_dtype)  # always a separate copy: safe to quantize
     return tokenizer, target, draft
 
 

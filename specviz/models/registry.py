@@ -155,19 +155,24 @@ def load_pair(
     report = progress or _no_progress
     dev = _resolve_device(device)
     choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
+    def finish_draft(model: nn.Module) -> nn.Module:
+        return _set_precision(model, choice.draft, "draft", report)
+
     with torch.no_grad():  # loading needs no autograd graph (no inference tensors: callers may use them freely)
         if name == "tiny-random":
             tokenizer, target, draft = _build_tiny_random()
-        elif name in _PAIR_SOURCES:
+            draft = finish_draft(draft)
+        elif name in _PAIR_SOURCES:  # finishes the draft before the target loads (lower peak memory)
             tokenizer, target, draft = _load_gguf_pair(
-                *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft]
+                *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft], finish_draft
             )
         else:
             tokenizer, target, draft = _load_hf_pair(*_parse_hf(name), report)
+            draft = finish_draft(draft)
         _check_logit_widths(target, draft, spec.name)
         target = _set_precision(target, choice.target, "target", report)
-        draft = _set_precision(draft, choice.draft, "draft", report)
         target, draft = _to_device(target, dev), _to_device(draft, dev)
+    _return_freed_memory()
     report(1.0, f"{spec.title} ready")
     return LoadedPair(
         spec=spec,
@@ -254,6 +259,16 @@ def _set_precision(model: nn.Module, precision: str, role: str, report: Progress
         report(0.96, f"converting the {role} to {precision}")
         model = model.to(dtype)
     return model
+
+
+def _return_freed_memory() -> None:
+    """Give the heap's freed pages (the fp32 draft before quantization, read buffers) back to the system (glibc only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the memory is reused by later allocations instead
+        pass
 
 
 def _model_bytes(model: nn.Module) -> int:
