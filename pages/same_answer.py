@@ -8,6 +8,7 @@ import streamlit as st
 
 from specviz.labs import same_answer
 from specviz.app import ui
+from specviz.app.policy import bounded
 from specviz.core.drafters import make_drafter
 from specviz.core.trace import GenerationConfig
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
@@ -188,13 +189,14 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
 
 def _sample_config(s: Settings) -> SampleConfig:
     sampling = SamplingConfig("sample", temperature=s.temperature, top_p=s.top_p, seed=s.seed)
-    return SampleConfig(sampling, n_samples=int(ss[P + "n"]), n_tokens=int(ss[P + "tokens"]))
+    n = bounded(ss[P + "n"], *same_answer.SAMPLES_RANGE, DEFAULT_SAMPLES)  # the slider's range, held again here
+    return SampleConfig(sampling, n_samples=n, n_tokens=bounded(ss[P + "tokens"], *same_answer.TOKENS_RANGE, 2))
 
 
 def _spec_config(s: Settings) -> SpecConfig:
     wrong = bool(ss[P + "wrong"])
     return SpecConfig(gamma=s.gamma, drafter=s.drafter, rule="topk" if wrong else "exact",
-                      top_k=int(ss[P + "k"]) if wrong else 0)
+                      top_k=bounded(ss[P + "k"], *same_answer.TOP_K_RANGE, DEFAULT_TOP_K) if wrong else 0)
 
 
 def _sampling_controls(s: Settings) -> None:
@@ -208,7 +210,7 @@ def _sampling_controls(s: Settings) -> None:
         st.toggle("Use a WRONG acceptance rule (a lossy shortcut)" if not d1 else "Let the big model be lazy",
                   key=P + "wrong", help=same_answer.RULE_TITLES["topk"])
         if ss[P + "wrong"]:
-            st.slider("k (accept any guess in the target's top k)", 1, 10, key=P + "k", width=260)
+            st.slider("k (accept any guess in the target's top k)", *same_answer.TOP_K_RANGE, key=P + "k", width=260)
 
 
 def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> None:
@@ -230,7 +232,7 @@ def _sampling_section(pair: Any, prompt: str, ids: list[int], s: Settings) -> No
               icon=":material/casino:", on_click=_request, args=("sample_req",), disabled=bool(problem))
     if problem:
         st.info(problem, icon=":material/edit:")
-    if ss.pop(P + "sample_req", False) and not problem:
+    if ss.pop(P + "sample_req", False) and not problem and ui.room_for(ref_key, spec_key):  # both or neither
         job_ids = list(ids)
         ref = ui.submit_job(ref_key, lambda: same_answer.reference_job(pair.target, pair.tokenizer, job_ids, cfg))
         sj = ui.submit_job(spec_key, lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, job_ids,

@@ -12,9 +12,9 @@ from specviz.app import ui
 from specviz.core.trace import RoundTrace
 from specviz.lessons import labels, lesson
 from specviz.app.runner import JobView, RunnerBusy
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.app.settings import Settings, prompt_problem
+from specviz.app.settings import Settings, prompt_problem, shown
 from specviz.viz import export
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
@@ -45,7 +45,7 @@ def _init_state() -> None:
     preset = get_preset(url_preset or "") or get_preset(DEFAULT_PRESET)
     notes: list[str] = []
     if url_preset and not get_preset(url_preset):
-        notes.append(f"Unknown preset `{url_preset}` in the link; showing the code example.")
+        notes.append(f"Unknown preset `{shown(url_preset)}` in the link; showing the code example.")
     ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
     if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
         notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
@@ -54,7 +54,7 @@ def _init_state() -> None:
     ss.setdefault(P + "playing", False)
     speed = ui.read_query("speed")
     if speed is not None and speed not in SPEEDS:
-        notes.append(f"Ignored `speed={speed}` in the link: choose one of {', '.join(SPEEDS)}.")
+        notes.append(f"Ignored `speed={shown(speed)}` in the link: choose one of {', '.join(SPEEDS)}.")
     ss[P + "speed"] = speed if speed in SPEEDS else "normal"
     if ui.read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
         _request_play()
@@ -287,7 +287,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
     points = pb.running_points(shown, base)
     last = points[-1] if points else None
-    final = summarize(spec.generation, plain.generation) if (
+    final = compare(spec.generation, plain.generation) if (
         all_shown and spec.generation and plain is not None and plain.generation) else None
     speed = final.speedup if final else (last.speedup if last else None)
     if s.level == "d1":
@@ -304,7 +304,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here.")
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
-        full = summarize(spec.generation, plain.generation) if (
+        full = compare(spec.generation, plain.generation) if (
             spec.generation and plain is not None and plain.generation) else None
         c = full.c if full else None
         expected = full.expected_speedup if full else None
@@ -503,9 +503,9 @@ def _lessons(ref: ui.RunRef | None, s: Settings) -> None:
     with st.expander("Leviathan's trade-off", expanded=True):
         ui.lesson_md("d5", "tradeoff")
         if spec and plain and spec.generation and plain.generation:
-            sm = summarize(spec.generation, plain.generation)
-            if sm.acceptance_rate is not None and sm.c is not None:
-                st.plotly_chart(watch_view.tradeoff_figure(sm.acceptance_rate, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
+            sm = compare(spec.generation, plain.generation)
+            if sm.alpha_checked is not None and sm.c is not None:
+                st.plotly_chart(watch_view.tradeoff_figure(sm.alpha_checked, sm.c, sm.gamma, sm.speedup, L, ui.font_size(s)),
                                 key=P + "tradeoff", config={"displayModeBar": False})
         else:
             st.caption("The curve for this run's α and c appears once both runs are measured.")

@@ -106,6 +106,7 @@ def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
     try:
         file = _read_bench(str(path), path.stat().st_mtime)
     except BenchReadError as exc:
+        ui.log.warning("bench file not shown", exc_info=exc)
         st.error(str(exc), icon=":material/error:")
         return None
     modes = file.modes(s.pair)

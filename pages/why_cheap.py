@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from specviz.app import ui
+from specviz.app.policy import bounded
 from specviz.app.runner import Job
 from specviz.core.progress import JobSteps
 from specviz.app.settings import Settings
@@ -21,7 +22,7 @@ from specviz.viz import why_cheap as why_cheap_view
 from specviz.viz.strip import speed_words
 
 P = "why_cheap."  # session_state prefix of this page
-GPU_COMMAND = ("python -m specviz.labs.why_cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
+GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
 ss = st.session_state
 
@@ -119,7 +120,7 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
                                   key=P + "pass_repeats", width=220,
                                   help="More repeats steady the figures; each repeat is one pass per size (about "
                                   "2–3 s with the Qwen pair on this CPU).")
-    key = pass_key(s.pair, int(repeats))
+    key = pass_key(s.pair, bounded(repeats, *REPEATS_RANGE, 5))  # the widget's range, held again here
     config = key[2]
     cost = _result("pass", key, pressed, s, lambda pair: measure_pass_cost(pair.target, pair.tokenizer, s.pair, config),
                    "Timing the target's passes", "The repeats or the pair changed since this measurement: press "
@@ -214,7 +215,7 @@ def _batch_section(s: Settings, reference: Reference | None) -> None:
     if not d1:
         st.caption(f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small model "
                    "(batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not allow them.")
-    key = batch_key(s.pair, s, int(repeats))
+    key = batch_key(s.pair, s, bounded(repeats, *REPEATS_RANGE, 3))
     config = key[2]
     effect = _result("batch", key, pressed, s, lambda pair: measure_batch_effect(
         pair.target, pair.draft, pair.tokenizer, pair.eos_ids, s.pair, config),
@@ -291,7 +292,8 @@ def main() -> None:
     try:
         reference = load_reference()
     except (ValueError, KeyError, TypeError) as exc:  # a hand-edited figures file must not break the page
-        st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file ({type(exc).__name__}).")
+        ui.log.warning("GPU figures ignored", exc_info=exc)
+        st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file.")
         reference = None
     _pass_section(s, reference)
     st.divider()

@@ -1,4 +1,4 @@
-"""The command line: one function per subcommand (`generate` now; `bench`, `loadtest` plug in alike)."""
+"""Every command: generate, bench, loadtest, and the labs' measurements same-answer and why-cheap (argparse lives here only)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, NoReturn
 
+from specviz.core import limits  # plain Python: every check runs before torch is imported
+
 PROG = "specviz"
-GAMMA_MIN, GAMMA_MAX = 1, 16  # same bounds as specviz.core.engine.GAMMA_RANGE (checked there too)
+GAMMA_MIN, GAMMA_MAX = limits.GAMMA_RANGE
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
 TARGET_PRECISIONS = ("fp32", "bf16", "int8")  # = specviz.models.precision's (a test checks; importing it loads torch)
 DRAFT_PRECISIONS = ("int8", "bf16", "fp32")
@@ -74,14 +77,14 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     """The generation settings shared by generate and bench."""
     p.add_argument("--prompt", required=True, help="raw text to continue (no chat template)")
-    p.add_argument("--mode", choices=("greedy", "sample"), default="greedy", help="greedy (argmax) or sample")
+    p.add_argument("--mode", choices=limits.MODES, default="greedy", help="greedy (argmax) or sample")
     p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
     p.add_argument("--temperature", type=float, default=1.0, help="sample mode: > 0 (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of this request's random generator (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens at most (default 64)")
-    p.add_argument("--drafter", choices=("model", "ngram"), default="model",
+    p.add_argument("--drafter", choices=limits.DRAFTER_KINDS, default="model",
                    help="model: the pair's draft model; ngram: prompt lookup, no second model")
 
 
@@ -95,18 +98,19 @@ def check_sampling_arguments(args: argparse.Namespace) -> None:
             print(f"{PROG}: note: {note}", file=sys.stderr, flush=True)
     if not args.prompt or not args.prompt.strip():
         raise CliError("--prompt is empty: give some text to continue")
-    if not GAMMA_MIN <= args.gamma <= GAMMA_MAX:
-        raise CliError(f"--gamma must be in {GAMMA_MIN}..{GAMMA_MAX}, got {args.gamma}")
-    if args.mode == "sample" and not args.temperature > 0:  # also refuses nan
-        raise CliError(f"--temperature must be > 0 in sample mode, got {args.temperature}")
-    if not math.isfinite(args.temperature):
-        raise CliError(f"--temperature must be a finite number, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.top_k < 0:
-        raise CliError(f"--top-k must be >= 0 (0 = off), got {args.top_k}")
-    if args.max_new_tokens < 1:
-        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_flag("--gamma", limits.check_gamma, args.gamma)
+    check_flag("--temperature", limits.check_temperature, args.mode, args.temperature)
+    check_flag("--top-p", limits.check_top_p, args.top_p)
+    check_flag("--top-k", limits.check_top_k, args.top_k)
+    check_flag("--max-new-tokens", limits.check_max_new_tokens, args.max_new_tokens)
+
+
+def check_flag(flag: str, check: Callable[..., None], *values: Any) -> None:
+    """One of specviz.core.limits' checks, its refusal naming the flag the user typed."""
+    try:
+        check(*values)
+    except ValueError as e:
+        raise CliError(f"{flag}: {e}") from None
 
 
 def quiet_libraries(quiet: bool) -> None:
@@ -224,7 +228,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specviz.core.drafters import make_drafter
     from specviz.core.engine import autoregressive_generate, speculative_generate
     from specviz.core.trace import GenerationConfig
-    from specviz.core.metrics import summarize
+    from specviz.core.metrics import compare
     from specviz.core.progress import drain
     from specviz.core.sampling import SamplingConfig
 
@@ -258,7 +262,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
     spec = drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
-    summary = summarize(spec, base)
+    summary = compare(spec, base)
 
     result: dict[str, Any] = {
         "pair": pair_name,
@@ -285,7 +289,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "target_calls": spec.target_calls,
         "drafted": spec.drafted,
         "accepted": spec.accepted,
-        "acceptance_rate": _num(summary.acceptance_rate, 6),
+        "acceptance_rate": _num(summary.acceptance_drafted, 6),  # accepted ÷ drafted (the key predates the record)
+        "alpha_checked": _num(summary.alpha_checked, 6),  # Leviathan's α: accepted ÷ checked
         "tokens_per_target_call": _num(summary.tokens_per_target_call, 6),
         "ms_per_token": _num(summary.ms_per_token, 3),
         "prefill_ms": _num(spec.prefill_ms, 3),
@@ -302,10 +307,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result["speedup"] = _num(summary.speedup, 4)
         result["measured_c"] = _num(summary.c, 4)
         result["expected_speedup"] = _num(summary.expected_speedup, 4)
+        result["verify_steps"] = _num(summary.verify_steps, 4)
+        result["expected_speedup_measured_verify"] = _num(summary.expected_speedup_measured_verify, 4)
         # greedy speculative decoding must reproduce the target's own tokens exactly; sampled runs
-        # follow the same distribution but not the same draws, so there is nothing to compare
-        result["identical_to_baseline"] = tuple(spec.tokens) == tuple(base.tokens) if args.mode == "greedy" else None
-        result["divergence"] = _divergence(pair, prompt_ids, spec, base) if result["identical_to_baseline"] is False else None
+        # follow the same distribution but not the same draws, so there is nothing to compare (None)
+        result["identical_to_baseline"] = summary.identical
+        result["first_divergence"] = asdict(summary.divergence) if summary.divergence else None
+        # where a not-bit-exact target left its own text: the target's top-2 gap there (why it could)
+        result["divergence"] = _divergence(pair, prompt_ids, spec, base) if summary.identical is False else None
 
     if args.json:
         print(json.dumps(result))
@@ -351,11 +360,12 @@ def print_human(res: dict[str, Any]) -> None:
         print(f"{r['index'] + 1:4d}  {marks}  → {_tok(r['next_text'])} ({r['next_origin']})"
               f"  draft {r['draft_ms']:.1f} ms, verify {r['verify_ms']:.1f} ms")
     print("── totals " + "─" * 58)
-    alpha = res["acceptance_rate"]
+    drafted, alpha = res["acceptance_rate"], res["alpha_checked"]
     print(f"tokens: {len(res['tokens'])} (stop: {res['stop_reason']}) in {res['target_calls']} target calls"
           f" = {res['tokens_per_target_call']:.2f} tokens per target call")
     print(f"acceptance: {res['accepted']}/{res['drafted']} drafted"
-          + (f" = {alpha:.2f}" if alpha is not None else ""))
+          + (f" = {drafted:.2f}" if drafted is not None else "")
+          + (f"; Leviathan's α (accepted ÷ checked) = {alpha:.2f}" if alpha is not None else ""))
     print(f"speculative: {res['ms_per_token']:.1f} ms/token (prefill {res['prefill_ms']:.0f} ms not counted)")
     if "baseline" in res:
         b = res["baseline"]
@@ -364,6 +374,9 @@ def print_human(res: dict[str, Any]) -> None:
         line = f"speed-up: {sp:.2f}x measured" if sp is not None else "speed-up: n/a"
         if ex is not None:
             line += f", {ex:.2f}x expected from α, γ and measured c = {c:.3f}"
+        exv = res["expected_speedup_measured_verify"]
+        if exv is not None:
+            line += f" ({exv:.2f}x with the measured verify cost of {res['verify_steps']:.2f} target steps)"
         print(line)
         same = res["identical_to_baseline"]
         if same is not None:
@@ -414,6 +427,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
     progress = stderr_progress(args.quiet)
     from specviz.bench import harness as bench
+    from specviz.bench import report
 
     try:
         config = bench.make_config(
@@ -422,7 +436,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             draft_precision=args.draft_precision, command=f"python -m {PROG} {shlex.join(sys.argv[1:])}",
             target_precision=args.target_precision,
         )
-        results = bench.run_bench(config, progress=progress)
+        results = bench.run_bench(config, report.write_reports, progress=progress)
     except bench.BenchError as e:
         raise CliError(str(e)) from None
     for _, _, paths in results:
@@ -479,6 +493,174 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# same-answer: the Same answer lab's measurement, printed
+
+
+def add_same_answer(sub: argparse._SubParsersAction) -> None:
+    from specviz.core.limits import SAMPLE_TOKENS_RANGE as TOKENS_RANGE
+    from specviz.core.limits import SAMPLES_RANGE
+
+    p = sub.add_parser(
+        "same-answer", help="is speculative decoding lossless? greedy identity and a chi-square test of samples",
+        description="Greedy identity (speculative vs target alone), then N sampled continuations with the exact "
+        "rule and with the deliberately wrong top-k rule, each tested against the target's exact law "
+        "(the measurement of the app's 'Same answer' page).",
+    )
+    p.add_argument("--pair", default="smollm2-135m", help="model pair (default smollm2-135m)")
+    p.add_argument("--preset", default="story", help="preset prompt id: code, json, list, copy, story, poem (default story)")
+    p.add_argument("--samples", type=int, default=2000, help=f"samples per method, {SAMPLES_RANGE[0]}..{SAMPLES_RANGE[1]} (default 2000)")
+    p.add_argument("--tokens", type=int, default=2, help=f"tokens per sample, {TOKENS_RANGE[0]}..{TOKENS_RANGE[1]} (default 2)")
+    p.add_argument("--temperature", type=float, default=0.8, help="> 0 (default 0.8)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass in (0, 1] (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
+    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--k", type=int, default=3, help="k of the wrong top-k rule (default 3)")
+    p.add_argument("--greedy-tokens", type=int, default=64, help="new tokens of the greedy comparison (default 64)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
+    p.set_defaults(func=cmd_same_answer)
+
+
+def cmd_same_answer(args: argparse.Namespace) -> int:
+    import time
+
+    from specviz.presets import PRESETS, get_preset
+
+    preset = get_preset(args.preset)
+    if preset is None:
+        raise CliError(f"unknown --preset {args.preset!r}: choose from {', '.join(p.id for p in PRESETS)}")
+    check_flag("--gamma", limits.check_gamma, args.gamma)
+    check_flag("--greedy-tokens", limits.check_max_new_tokens, args.greedy_tokens)
+    check_flag("--tokens", limits.check_samples, args.samples, args.tokens)
+    check_flag("--samples", limits.check_within, "samples", args.samples, *limits.SAMPLES_RANGE)
+    check_flag("--temperature", limits.check_temperature, "sample", args.temperature)
+    check_flag("--top-p", limits.check_top_p, args.top_p)
+    quiet_libraries(args.quiet)
+    pair_name = resolve_pair_name(args.pair)
+    from specviz import models
+    from specviz.core.drafters import make_drafter
+    from specviz.core.progress import drain
+    from specviz.core.sampling import SamplingConfig
+    from specviz.core.trace import GenerationConfig
+    from specviz.labs import same_answer as lab
+
+    try:
+        sampling = SamplingConfig("sample", args.temperature, top_p=args.top_p, seed=args.seed)
+        cfg = lab.SampleConfig(sampling, args.samples, args.tokens)
+        gcfg = GenerationConfig(max_new_tokens=args.greedy_tokens, gamma=args.gamma, sampling=SamplingConfig("greedy"))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    pair = models.load_pair(pair_name, progress=stderr_progress(args.quiet))
+    ids = encode_prompt(pair, preset.prompt, args.greedy_tokens)
+    t0 = time.perf_counter()
+    cmp = drain(lab.greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg,
+                                      pair.eos_ids))
+    print(f"pair {pair_name}, preset {args.preset!r}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, "
+          f"identical={cmp.identical}, first divergence={cmp.first_divergence} ({time.perf_counter() - t0:.1f} s)",
+          flush=True)
+    t0 = time.perf_counter()
+    ref = drain(lab.reference_job(pair.target, pair.tokenizer, ids, cfg))
+    fit = lab.fit_test(ref.law, ref.target)
+    print(f"N={args.samples}, {args.tokens} tokens, T={args.temperature}, top-p={args.top_p}, seed={args.seed}: exact "
+          f"law {len(ref.law.sequences)} bins covering {ref.law.covered:.3f}; target alone "
+          f"{time.perf_counter() - t0:.1f} s: chi2={fit.chi2:.1f} dof={fit.dof} p={fit.pvalue:.3g} TV={fit.tv:.4f}",
+          flush=True)
+    for rule in ("exact", "topk"):
+        t0 = time.perf_counter()
+        spec = lab.SpecConfig(args.gamma, "model", rule, args.k)
+        counts = drain(lab.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec))
+        fit = lab.fit_test(ref.law, counts)
+        name = "exact rule" if rule == "exact" else f"top-{args.k} shortcut"
+        print(f"speculative, {name}: {time.perf_counter() - t0:.1f} s, accepted {counts.accepted}/{counts.drafted}: "
+              f"chi2={fit.chi2:.1f} dof={fit.dof} p={fit.pvalue:.3g} (log10 p = {fit.log10_p:.1f}) TV={fit.tv:.4f}",
+              flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# why-cheap: the Why checking is cheap lab's timings, printed or as JSON
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4) for argparse."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def add_why_cheap(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "why-cheap", help="time one target pass over 1..16 new tokens, and the batch effect on the speed-up",
+        description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
+        "speculative decoding's speed-up (the measurement of the app's 'Why checking is cheap' page).",
+    )
+    p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per point, median reported (default 5)")
+    # defaults None: the lab's own (importing the lab here would load torch for every command's --help)
+    p.add_argument("--ks", type=_ints, default=None, help="new tokens per pass (default 1,2,4,8,16)")
+    p.add_argument("--batches", type=_ints, default=None,
+                   help="batch sizes (default 1,2,4,8; a GPU can take e.g. 1,2,4,8,16,32,64,128)")
+    p.add_argument("--gamma", type=int, default=4, help="draft length γ of the batch effect (default 4)")
+    p.add_argument("--no-batch", action="store_true", help="only the pass-cost measurement")
+    p.add_argument("--note", default="", help="a line saved with the figures (where and how they were measured)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (save it as assets/verify_cost_gpu.json)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_why_cheap)
+
+
+def print_why_cheap(out: dict[str, Any]) -> None:
+    """The why-cheap JSON as two small tables."""
+    pc = out["pass_cost"]
+    m = pc["machine"]
+    print(f"{pc['pair']} on {m['device']} ({m['name']}, {m['threads']} threads), {pc['context_tokens']} tokens cached")
+    print("new tokens   median ms   × one-token pass")
+    for k, ms, x in zip(pc["ks"], pc["median_ms"], pc["ratio_to_one_token"]):
+        print(f"{k:>10}   {ms:>9.1f}   {x:>6.2f}")
+    be = out.get("batch_effect")
+    if be:
+        print(f"batch effect, γ = {be['gamma']}: α = {be['alpha']}, c = {be['c']}, "
+              f"real speed-up at batch 1 = {be['run_speedup']}")
+        print("batch   step ms   verify ms   verify ÷ step   expected speed-up")
+        for p in be["points"]:
+            print(f"{p['batch']:>5}   {p['step_median_ms']:>7.1f}   {p['verify_median_ms']:>9.1f}"
+                  f"   {p['verify_ratio']:>13.2f}   {p['expected_speedup']}")
+        if be["stopped"]:
+            print(be["stopped"])
+
+
+def cmd_why_cheap(args: argparse.Namespace) -> int:
+    quiet_libraries(args.quiet)
+    pair_name = resolve_pair_name(args.pair)
+    from specviz import models
+    from specviz.core.progress import drain
+    from specviz.labs import why_cheap as lab
+
+    try:
+        pc_config = lab.PassCostConfig(ks=args.ks or lab.PASS_KS, repeats=args.repeats)
+        b_config = lab.BatchConfig(gamma=args.gamma, batch_sizes=args.batches or lab.BATCH_SIZES, repeats=args.repeats)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))
+    say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
+    out: dict[str, Any] = {"note": args.note}
+    cost = drain(lab.measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
+    out["pass_cost"] = lab.pass_cost_to_dict(cost)
+    if not args.no_batch:
+        effect = drain(lab.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, pair_name,
+                                                b_config), say)
+        out["batch_effect"] = lab.batch_effect_to_dict(effect)
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False, indent=1))
+    else:
+        print_why_cheap(out)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # entry point
 
 
@@ -488,6 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_bench(sub)
     add_loadtest(sub)
+    add_same_answer(sub)
+    add_why_cheap(sub)
     return parser
 
 
@@ -500,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:
-            raise CliError("choose a command: generate (see python -m specviz -h)")
+            raise CliError("choose a command: generate, bench, loadtest, same-answer or why-cheap (see python -m specviz -h)")
         return args.func(args)
     except CliError as e:
         _err(str(e))

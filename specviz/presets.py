@@ -1,4 +1,4 @@
-"""Preset prompts in the two groups the lessons refer to: predictable and creative text."""
+"""Preset prompts in the two groups the lessons refer to: predictable and creative text (also the benchmark's workloads)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Preset:
     title: str  # button label
     prompt: str  # raw text the models continue (no chat template)
     why: str  # one line for the teacher: what this prompt shows
+    copies_prompt: bool = False  # the answer copies text from the prompt: prompt lookup (n-gram) applies
 
 
 PRESETS: tuple[Preset, ...] = (
@@ -42,6 +43,7 @@ PRESETS: tuple[Preset, ...] = (
         "Original: The quick brown fox jumps over the lazy dog while the sleepy cat watches "
         "from the warm windowsill.\nCopy: The quick brown fox",
         "Copying text that is already in the prompt: a guesser can look it up.",
+        copies_prompt=True,
     ),
     Preset(
         "story", "creative", "A story opening",

@@ -7,7 +7,7 @@ from specviz.core.adaptive import AdaptiveGamma
 from specviz.core.drafters import ModelDrafter, make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GenerationConfig, RoundTrace
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 from specviz.core.sampling import SamplingConfig
 from tests.test_engine import PROMPT, TOK, WrongDrafter, tiny_lm
 
@@ -110,5 +110,5 @@ def test_summary_uses_the_draft_length_actually_used_when_adaptive():
     base = drain(autoregressive_generate(target, TOK, PROMPT, cfg))
     spec = drain(speculative_generate(target, ModelDrafter(target, min_confidence=0.4, min_tokens=3), TOK, PROMPT, cfg))
     drafted = [len(r.draft_ids) for r in spec.rounds if r.draft_ids]
-    assert summarize(spec, base).gamma == pytest.approx(sum(drafted) / len(drafted))
-    assert summarize(spec, base).gamma <= 16
+    assert compare(spec, base).gamma == pytest.approx(sum(drafted) / len(drafted))
+    assert compare(spec, base).gamma <= 16

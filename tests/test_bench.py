@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from specviz.bench import harness as bench
+from specviz.bench import report
 from specviz.bench.harness import BenchError, RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,8 @@ def test_quick_end_to_end_on_tiny_random(tmp_path: Path) -> None:
     assert set(zip(df["workload"], df["mode"], df["method"])) == expected
     spec = df[df["method"].str.startswith("spec-")]
     assert len(spec) and spec["identical_to_baseline"].astype(bool).all(), "greedy speculative == target-only"
-    assert spec["acceptance_rate"].between(0, 1).all()
+    assert spec["acceptance_rate"].between(0, 1).all() and spec["alpha_checked"].between(0, 1).all()
+    assert (spec["alpha_checked"] >= spec["acceptance_rate"] - 1e-9).all(), "checked positions are never more than drafted"
     assert (spec["tokens_per_target_call"] >= 1).all()
     assert (spec["c"] > 0).all() and (spec["expected_speedup"] > 0).all()
     hf = df[df["family"] == "hf"]
@@ -135,9 +137,9 @@ def by_method(rows: list[bench.BenchRow]) -> dict[str, bench.BenchRow]:
 
 def test_median_and_speedup() -> None:
     records = [
-        rec("target", 0, 100.0, target_step_ms=90.0), rec("spec-g4", 0, 50.0, acceptance_rate=0.5, draft_ms_per_token=9.0, gamma=4.0),
-        rec("target", 1, 300.0, target_step_ms=100.0), rec("spec-g4", 1, 40.0, acceptance_rate=0.7, draft_ms_per_token=20.0, gamma=4.0),
-        rec("target", 2, 110.0, target_step_ms=200.0), rec("spec-g4", 2, 1000.0, acceptance_rate=0.9, draft_ms_per_token=10.0, gamma=4.0),
+        rec("target", 0, 100.0), rec("spec-g4", 0, 50.0, acceptance_rate=0.5, alpha_checked=0.6, c=0.1, gamma=4.0),
+        rec("target", 1, 300.0), rec("spec-g4", 1, 40.0, acceptance_rate=0.7, alpha_checked=0.8, c=0.2, gamma=4.0),
+        rec("target", 2, 110.0), rec("spec-g4", 2, 1000.0, acceptance_rate=0.9, alpha_checked=0.95, c=0.05, gamma=4.0),
     ]
     rows = by_method(bench.aggregate(records))
     t, s = rows["target"], rows["spec-g4"]
@@ -145,11 +147,11 @@ def test_median_and_speedup() -> None:
     assert s.ms_per_token == 50.0 and s.ms_per_token_min == 40.0 and s.ms_per_token_max == 1000.0
     assert s.speedup == pytest.approx(110.0 / 50.0)
     assert s.tokens_per_s == pytest.approx(20.0)
-    assert s.acceptance_rate == 0.7
-    # c per repeat against the same repeat's target step: 9/90, 20/100, 10/200 -> median 0.1
+    assert s.acceptance_rate == 0.7 and s.alpha_checked == 0.8
+    # c per repeat comes from metrics.compare against the same repeat's target step (tests/test_metrics.py)
     assert s.c == pytest.approx(0.1)
     assert s.gamma == 4.0
-    a, g, c = 0.7, 4, 0.1
+    a, g, c = 0.8, 4, 0.1  # Leviathan's formula reads the checked α, never the drafted acceptance
     assert s.expected_speedup == pytest.approx((1 - a ** (g + 1)) / ((1 - a) * (g * c + 1)))
     assert s.repeats == 3 and t.repeats == 3
     assert t.identical_to_baseline is None and s.identical_to_baseline is True
@@ -187,19 +189,24 @@ def test_missing_baseline_and_missing_metrics_stay_blank() -> None:
     rows = bench.aggregate([rec("hf-plain", r, 20.0) for r in range(3)])
     (row,) = rows
     assert row.speedup is None and row.c is None and row.expected_speedup is None and row.acceptance_rate is None
-    table = bench.markdown_table(rows)
+    table = report.markdown_table(rows)
     assert "| code (predictable) | greedy | `hf-plain` | 20.0 | 50.00 |  |" in table
 
 
 def test_adaptive_gamma_is_mean_drafted_per_drafting_round() -> None:
     from types import SimpleNamespace
 
+    from specviz.core import metrics
+
     rounds = [SimpleNamespace(draft_ids=ids) for ids in [(), (1, 2, 3), (), (4,), (5, 6)]]
-    gen = SimpleNamespace(rounds=rounds)
-    assert bench.effective_gamma(bench.METHODS_BY_NAME["spec-adaptive"], gen) == pytest.approx(2.0)
-    assert bench.effective_gamma(bench.METHODS_BY_NAME["ngram"], gen) == pytest.approx(2.0)
-    assert bench.effective_gamma(bench.METHODS_BY_NAME["spec-g8"], gen) == 8.0
-    assert bench.effective_gamma(bench.METHODS_BY_NAME["target"], gen) is None
+
+    def gen(method: str) -> SimpleNamespace:  # the Generation fields effective_gamma reads, as the bench sets them
+        m = bench.METHODS_BY_NAME[method]
+        return SimpleNamespace(rounds=rounds, drafter=m.drafter, config=SimpleNamespace(gamma=m.gamma, adaptive=m.adaptive))
+
+    assert metrics.effective_gamma(gen("spec-adaptive")) == pytest.approx(2.0)
+    assert metrics.effective_gamma(gen("ngram")) == pytest.approx(2.0)
+    assert metrics.effective_gamma(gen("spec-g8")) == 8.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +236,13 @@ def test_workload_table() -> None:
     assert {m.name for m in bench.methods_for(code_wl, every)} == set(every) - {"hf-lookup", "ngram"}
     with pytest.raises(Exception):
         copy_wl.name = "x"  # frozen
+
+
+def test_workloads_are_the_app_presets() -> None:
+    from specviz.presets import PRESETS
+
+    assert [(w.name, w.kind, w.prompt, w.copying) for w in bench.WORKLOADS] == [
+        (p.id, p.group, p.prompt, p.copies_prompt) for p in PRESETS]
 
 
 @pytest.fixture(scope="module")
@@ -280,5 +294,5 @@ def test_peak_rss_and_names() -> None:
     if sys.platform.startswith("linux"):
         assert bench.reset_peak_rss() in (True, False)
         assert bench.peak_rss_mb() > 0
-    assert bench.safe_name("hf:HuggingFaceTB/SmolLM2-135M,./x") == "hf_HuggingFaceTB_SmolLM2-135M_._x"
-    assert bench.safe_name("qwen-coder") == "qwen-coder"
+    assert report.safe_name("hf:HuggingFaceTB/SmolLM2-135M,./x") == "hf_HuggingFaceTB_SmolLM2-135M_._x"
+    assert report.safe_name("qwen-coder") == "qwen-coder"

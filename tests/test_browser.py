@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -10,7 +11,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,22 +188,49 @@ LAB_PAGES = (
 
 def test_every_lab_page_runs_in_chromium(server):
     """Each lab page opens with the shared sidebar, runs its measurement on the tiny pair, and draws it."""
+    from playwright.sync_api import expect
+
+    with _chromium_page(1800, 180_000) as page:
+        for path, button, result in LAB_PAGES:
+            page.goto(f"{server}/{path}?pair=tiny-random&level=d2&max_new=24")
+            expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible()
+            expect(page.get_by_text("Explanation level")).to_be_visible()
+            page.get_by_role("button", name=re.compile("^" + re.escape(button))).first.click()
+            expect(page.locator(result).first).to_be_visible()
+            page.wait_for_timeout(1000)
+            _no_exception(page)
+            _shot(page, f"lab-{path}.png")
+
+
+@contextlib.contextmanager
+def _chromium_page(height: int, timeout_ms: int) -> Iterator[Any]:
+    """One Chromium page, 1280 px wide, with the timeouts set; the browser is always closed."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1800})
-            page.set_default_timeout(180_000)
-            expect.set_options(timeout=180_000)
-            for path, button, result in LAB_PAGES:
-                page.goto(f"{server}/{path}?pair=tiny-random&level=d2&max_new=24")
-                expect(page.locator('[data-testid="stMain"] h1').first).to_be_visible()
-                expect(page.get_by_text("Explanation level")).to_be_visible()
-                page.get_by_role("button", name=re.compile("^" + re.escape(button))).first.click()
-                expect(page.locator(result).first).to_be_visible()
-                page.wait_for_timeout(1000)
-                _no_exception(page)
-                _shot(page, f"lab-{path}.png")
+            page = browser.new_page(viewport={"width": 1280, "height": height})
+            page.set_default_timeout(timeout_ms)
+            expect.set_options(timeout=timeout_ms)
+            yield page
         finally:
             browser.close()
+
+
+def test_a_link_naming_server_folders_is_refused_in_chromium(server):
+    """A shared link that asks the server to open its own folders gets one note; no path comes back, nothing loads."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    with _chromium_page(1400, 120_000) as page:
+        # why_cheap loads no model until a button is pressed: the refused link alone is tested
+        page.goto(f"{server}/why_cheap?pair={quote('hf:/etc,/root')}&autoplay=1")
+        expect(page.get_by_text("This server runs only the model pairs its operator chose")).to_be_visible()
+        expect(page.get_by_text("Explanation level")).to_be_visible()
+        page.wait_for_timeout(1000)
+        _no_exception(page)
+        shown = page.locator("body").inner_text()
+        assert "/etc" not in shown and "/root" not in shown and "hf:" not in shown
+        _shot(page, "refused-link.png")

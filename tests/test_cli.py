@@ -218,9 +218,40 @@ def test_missing_prompt_is_one_line():
 
 
 def test_gamma_bounds_match_the_engine():
-    from specviz.core.trace import GAMMA_RANGE
+    from specviz.core.limits import GAMMA_RANGE
 
     assert (cli.GAMMA_MIN, cli.GAMMA_MAX) == GAMMA_RANGE  # the CLI checks γ before importing torch
+
+
+def test_same_answer_subcommand_prints_identity_and_both_rules():
+    done = run_cli("same-answer", "--pair", "tiny-random", "--samples", "100", "--tokens", "1", "--greedy-tokens", "8",
+                   "--gamma", "2", "-q")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 4 and "greedy 8/8 tokens equal, identical=True" in lines[0]
+    assert lines[2].startswith("speculative, exact rule:") and lines[3].startswith("speculative, top-3 shortcut:")
+
+
+@pytest.mark.parametrize("extra, mentions", [
+    (["--samples", "5"], "--samples"), (["--tokens", "4"], "--tokens"), (["--gamma", "0"], "--gamma"),
+    (["--preset", "sonnet"], "--preset"), (["--pair", "no-such-pair"], "no-such-pair"), (["--temperature", "0"], "--temperature"),
+])
+def test_same_answer_refuses_bad_arguments_in_one_line(extra, mentions):
+    assert_one_error_line(run_cli("same-answer", "--pair", "tiny-random", *extra, "-q"), 2, mentions)
+
+
+def test_why_cheap_subcommand_prints_both_tables(capsys):
+    assert cli.main(["why-cheap", "--pair", "tiny-random", "--device", "cpu", "--repeats", "1", "--ks", "1,2",
+                     "--batches", "1", "--gamma", "2", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "new tokens   median ms   × one-token pass" in out and "batch effect, γ = 2" in out
+    assert "verify ÷ step" in out
+
+
+def test_labs_have_no_command_line_of_their_own():
+    from specviz.labs import same_answer, why_cheap
+
+    assert not hasattr(same_answer, "main") and not hasattr(why_cheap, "main") and not hasattr(why_cheap, "build_parser")
 
 
 def test_help_works():

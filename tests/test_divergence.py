@@ -63,3 +63,18 @@ def test_smollm2_bf16_target_breaks_identity_only_at_near_ties(smollm_bf16, prom
     print(prompt_name, "identical" if d is None else d)
     if d is not None:
         assert d.pair_gap < 0.25 and d.top2_gap < 0.25, d
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_coder_bf16_story_divergence_is_a_near_tie():
+    """The story preset diverged in bf16 before: the check says where, and that it was a near-tie (run under the qwen flock)."""
+    pair = load_pair("qwen-coder", target_precision="bf16")
+    ids = pair.tokenizer(PROMPTS["story"])["input_ids"]
+    config = GenerationConfig(max_new_tokens=24, gamma=4, sampling=SamplingConfig("greedy"), stop_at_eos=False)
+    base = drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config))
+    spec = drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config))
+    d = first_divergence(pair.target, ids, spec.tokens, base.tokens)
+    print("qwen bf16 story:", "identical" if d is None else d)
+    if d is not None:
+        assert d.pair_gap < 0.25 and d.top2_gap < 0.25, d

@@ -12,7 +12,7 @@ from specviz.core.drafters import Draft, ModelDrafter, NgramDrafter, find_ngram_
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GenerationConfig
 from specviz.core.kv import CachedLM
-from specviz.core.metrics import acceptance_rate, tokens_per_target_call
+from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.sampling import SamplingConfig, logits_to_probs
 
 V = 12
@@ -98,7 +98,7 @@ def test_greedy_identical_with_always_right_drafter(target, gamma):
     base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
     spec = drain(speculative_generate(target, ModelDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
     assert spec.tokens == base.tokens and len(spec.tokens) == 48
-    assert acceptance_rate(spec.rounds) == 1.0
+    assert acceptance_drafted(spec.rounds) == 1.0
     assert all(r.next_origin == "bonus" for r in spec.rounds[:-1])
 
 
@@ -107,7 +107,7 @@ def test_greedy_identical_with_always_wrong_drafter(target, gamma):
     base = drain(autoregressive_generate(target, TOK, PROMPT, _greedy(gamma=gamma)))
     spec = drain(speculative_generate(target, WrongDrafter(target), TOK, PROMPT, _greedy(gamma=gamma)))
     assert spec.tokens == base.tokens
-    assert acceptance_rate(spec.rounds) == 0.0 and tokens_per_target_call(spec.rounds) == 1.0
+    assert acceptance_drafted(spec.rounds) == 0.0 and tokens_per_target_call(spec.rounds) == 1.0
     assert all(r.next_origin == "correction" for r in spec.rounds if r.draft_ids)
 
 

@@ -27,19 +27,19 @@ def _round(k: int, n: int, draft_ms: float = 1.0, verify_ms: float = 10.0) -> Ro
 
 
 # ---------------------------------------------------------------------------------------------
-# α per checked position (metrics.checked_acceptance)
+# α per checked position (metrics.alpha_checked)
 
 
-def test_checked_acceptance_counts_only_checked_positions():
+def test_alpha_checked_counts_only_checked_positions():
     rounds = [_round(4, 2), _round(4, 4), _round(2, 0), _round(0, 0)]
     # accepted 2 + 4 + 0 = 6; checked = 6 + two first rejections (rounds 1 and 3); round 2 had none; k = 0 adds nothing
-    assert metrics.checked_acceptance(rounds) == pytest.approx(6 / 8)
-    assert metrics.acceptance_rate(rounds) == pytest.approx(6 / 10)
-    assert metrics.checked_acceptance([]) is None and metrics.checked_acceptance([_round(0, 0)]) is None
+    assert metrics.alpha_checked(rounds) == pytest.approx(6 / 8)
+    assert metrics.acceptance_drafted(rounds) == pytest.approx(6 / 10)
+    assert metrics.alpha_checked([]) is None and metrics.alpha_checked([_round(0, 0)]) is None
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.8, 0.95])
-def test_checked_acceptance_recovers_alpha_at_every_gamma_while_drafted_ratio_falls(alpha):
+def test_alpha_checked_recovers_alpha_at_every_gamma_while_drafted_ratio_falls(alpha):
     rng = random.Random(7)
 
     def simulate(gamma: int) -> list[RoundTrace]:
@@ -54,8 +54,8 @@ def test_checked_acceptance_recovers_alpha_at_every_gamma_while_drafted_ratio_fa
     drafted_ratio = []
     for gamma in (1, 4, 12):
         rounds = simulate(gamma)
-        assert metrics.checked_acceptance(rounds) == pytest.approx(alpha, abs=0.02)
-        drafted_ratio.append(metrics.acceptance_rate(rounds))
+        assert metrics.alpha_checked(rounds) == pytest.approx(alpha, abs=0.02)
+        drafted_ratio.append(metrics.acceptance_drafted(rounds))
         # and the measured tokens per round follow Leviathan's expectation
         assert metrics.tokens_per_target_call(rounds) == pytest.approx(
             metrics.expected_tokens_per_round(alpha, gamma), rel=0.03)
@@ -82,16 +82,16 @@ def test_verify_fit_recovers_a_straight_line_and_one_step_means_leviathan():
     step = 20.0
     rounds = [_round(0, 0, 0.0, step)] * 5  # target-only steps: 1 target step each
     rounds += [_round(k, k, 1.0, step * (0.5 + 0.5 * (k + 1))) for k in (1, 3, 7) for _ in range(3)]
-    sizes = how_far.verify_steps_by_size(rounds, step)
+    sizes = metrics.verify_steps_by_size(rounds, step)
     assert sizes == pytest.approx({1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5})
-    fit = how_far.fit_verify_cost(sizes)
+    fit = metrics.fit_verify_cost(sizes)
     assert fit.intercept == pytest.approx(0.5) and fit.slope == pytest.approx(0.5) and fit.max_scored == 8
-    assert how_far.fit_verify_cost({1: 1.0}) is None
-    flat = how_far.VerifyFit(1.0, 0.0, 1)
+    assert metrics.fit_verify_cost({1: 1.0}) is None
+    flat = metrics.VerifyFit(1.0, 0.0, 1)
     for g in (1, 4, 16):
-        assert how_far.speedup_with_verify_cost(0.7, g, 0.05, flat) == pytest.approx(metrics.expected_speedup(0.7, g, 0.05))
+        assert metrics.speedup_with_verify_cost(0.7, g, 0.05, flat) == pytest.approx(metrics.expected_speedup(0.7, g, 0.05))
     # a dearer verify pass lowers the prediction
-    assert how_far.speedup_with_verify_cost(0.7, 4, 0.05, fit) < metrics.expected_speedup(0.7, 4, 0.05)
+    assert metrics.speedup_with_verify_cost(0.7, 4, 0.05, fit) < metrics.expected_speedup(0.7, 4, 0.05)
 
 
 def test_sweep_config_sorts_gammas_and_rejects_bad_ones():
@@ -164,7 +164,7 @@ def _point(g: int, speed: float) -> how_far.GammaPoint:
 def test_how_far_figure_shows_curves_points_and_best_gamma():
     measured = how_far.leviathan_curves(0.8, 0.1)
     points = [_point(1, 1.2), _point(4, 1.6), _point(8, 1.3)]
-    fig = how_far_view.how_far_figure(measured, points, None, how_far.verify_cost_curve(0.8, 0.1, how_far.VerifyFit(0.5, 0.4, 9)),
+    fig = how_far_view.how_far_figure(measured, points, None, how_far.verify_cost_curve(0.8, 0.1, metrics.VerifyFit(0.5, 0.4, 9)),
                                    level="d5", font_size=13)
     assert isinstance(fig, go.Figure)
     names = [t.name for t in fig.data]

@@ -11,10 +11,10 @@ from specviz.core.engine import CachedTarget, speculative_generate
 from specviz.core.trace import GenerationConfig
 from specviz.core.progress import drain
 from specviz.labs.same_answer import (
-    ExactLaw, GreedyComparison, MemoDrafter, SampleConfig, SampleCounts, SpecConfig, TopKShortcut, binned, exact_law,
-    fit_test, greedy_comparison, histogram_rows, reference_job, speculative_job, target_memo,
+    ExactLaw, GreedyComparison, SampleConfig, SampleCounts, SpecConfig, binned, exact_law,
+    fit_test, greedy_comparison, histogram_rows, memo_drafter, reference_job, speculative_job, target_memo,
 )
-from specviz.core.sampling import SamplingConfig, logits_to_probs, verify_draft
+from specviz.core.sampling import SamplingConfig, TopKShortcut, acceptance_rule, logits_to_probs, verify_draft
 from specviz.viz.same_answer import greedy_table, histogram_figure
 from tests.test_engine import TOK
 
@@ -81,26 +81,29 @@ def test_memo_target_matches_the_engines_default(target):
 
 
 def test_memo_drafter_drafts_what_model_drafter_drafts(target, draft):
-    memo_drafter = MemoDrafter(draft, SAMPLING, V)
+    memoised = memo_drafter(draft, SAMPLING, V)
+    assert isinstance(memoised, ModelDrafter)  # the one draft loop, reading q from a memo
     for seed in range(5):
         a = ModelDrafter(draft).start(PROMPT, SAMPLING, V).propose(PROMPT, 3, torch.Generator().manual_seed(seed))
-        b = memo_drafter.start(PROMPT, SAMPLING, V).propose(PROMPT, 3, torch.Generator().manual_seed(seed))
+        b = memoised.start(PROMPT, SAMPLING, V).propose(PROMPT, 3, torch.Generator().manual_seed(seed))
         assert a.tokens == b.tokens and torch.allclose(a.q, b.q, atol=1e-5)
 
 
 def test_memoised_engine_run_replays_the_plain_run(target, draft):
     """Same seed, same sample: memoising changes the cost, not a single draw."""
-    memo_drafter, memo = MemoDrafter(draft, SAMPLING, V), target_memo(target, SAMPLING)
+    memoised, memo = memo_drafter(draft, SAMPLING, V), target_memo(target, SAMPLING)
     for seed in range(5):
         cfg = GenerationConfig(max_new_tokens=4, gamma=3, sampling=SamplingConfig(**{**SAMPLING.__dict__, "seed": seed}))
         a = drain(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
-        b = drain(speculative_generate(target, memo_drafter, TOK, PROMPT, cfg, target_probs=memo))
+        b = drain(speculative_generate(target, memoised, TOK, PROMPT, cfg, target_probs=memo))
         assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
 
 
 def test_memo_drafter_refuses_other_sampling_settings(draft):
     with pytest.raises(ValueError):
-        MemoDrafter(draft, SAMPLING, V).start(PROMPT, SamplingConfig("sample", temperature=1.5), V)
+        memo_drafter(draft, SAMPLING, V).start(PROMPT, SamplingConfig("sample", temperature=1.5), V)
+    with pytest.raises(ValueError):  # a memo keeps no logits, so no confidence stop
+        ModelDrafter(draft, min_confidence=0.2, q_memo=memo_drafter(draft, SAMPLING, V).q_memo)
 
 
 # ------------------------------------------------------------------------------------------
@@ -153,6 +156,9 @@ def test_topk_shortcut_accepts_inside_the_top_k_only():
     assert v.n_accepted == 1 and v.next_origin == "bonus"
     exact = verify_draft(p, torch.tensor([[0.0, 1.0, 0.0, 0.0]]), torch.tensor([1]), torch.Generator().manual_seed(0))
     assert exact.accept_probs == pytest.approx((0.3,))  # the exact rule would accept it only 30% of the time
+    assert acceptance_rule("exact") is verify_draft and acceptance_rule("topk", 2) == TopKShortcut(2)
+    with pytest.raises(ValueError):
+        acceptance_rule("nearly", 2)
 
 
 def test_exact_law_matches_brute_force(target):

@@ -10,6 +10,7 @@ import torch
 
 from specviz.core import metrics
 from specviz import models
+from specviz import cli
 from specviz.labs import why_cheap as vc
 from specviz.core.progress import Progress
 
@@ -195,7 +196,7 @@ def test_json_round_trip_and_reference_file(tmp_path):
 
 
 def test_cli_prints_the_measurement_as_json(capsys):
-    rc = vc.main(["--pair", "tiny-random", "--device", "cpu", "--json", "-q", "--repeats", "1", "--ks", "1,2",
+    rc = cli.main(["why-cheap", "--pair", "tiny-random", "--device", "cpu", "--json", "-q", "--repeats", "1", "--ks", "1,2",
                   "--batches", "1,2", "--gamma", "2", "--note", "unit test"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -207,8 +208,8 @@ def test_cli_prints_the_measurement_as_json(capsys):
 
 
 def test_cli_refuses_bad_arguments_in_one_line(capsys):
-    assert vc.main(["--pair", "tiny-random", "--ks", "2,4", "-q"]) == 2
-    assert vc.main(["--pair", "no-such-pair", "-q"]) == 2
-    assert vc.main(["--pair", "tiny-random", "--batches", "a,b", "-q"]) == 2
+    assert cli.main(["why-cheap", "--pair", "tiny-random", "--ks", "2,4", "-q"]) == 2
+    assert cli.main(["why-cheap", "--pair", "no-such-pair", "-q"]) == 2
+    assert cli.main(["why-cheap", "--pair", "tiny-random", "--batches", "a,b", "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("specviz: error:") for line in err)

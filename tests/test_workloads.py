@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 import pytest
 
 from specviz.bench import harness as bench
+from specviz.bench import report
 from specviz import models
 from specviz.labs import where_it_helps
 from specviz.core.trace import GenerationConfig
@@ -32,8 +33,8 @@ def _row(workload: str, method: str, speedup: float, alpha: float | None, mode: 
     return bench.BenchRow(
         pair="smollm2-135m", workload=workload, kind=kind, mode=mode, method=method, family="ours", repeats=3,
         new_tokens=32, ms_per_token=100.0 / speedup, ms_per_token_min=90.0, ms_per_token_max=110.0,
-        tokens_per_s=10.0 * speedup, speedup=speedup, acceptance_rate=alpha,
-        tokens_per_target_call=None if alpha is None else 1 + 3 * alpha, c=0.1, expected_speedup=None, gamma=4.0,
+        tokens_per_s=10.0 * speedup, speedup=speedup, acceptance_rate=alpha, alpha_checked=alpha,
+        tokens_per_target_call=None if alpha is None else 1 + 3 * alpha, c=0.1, expected_speedup=None, expected_speedup_measured_verify=None, gamma=4.0,
         peak_rss_mb=900.0, identical_to_baseline=None if method == "target" else True, identical_to_hf_plain=None,
     )
 
@@ -45,7 +46,7 @@ def bench_dir(tmp_path):
         rows += [_row(wl, "target", 1.0, None), _row(wl, "spec-g4", sp, a), _row(wl, "spec-g8", sp * 0.9, a),
                  _row(wl, "spec-g4", sp * 0.8, a * 0.8, mode="sample")]
     path = tmp_path / "bench-smollm2-135m.csv"
-    bench.rows_frame(rows).to_csv(path, index=False)
+    report.rows_frame(rows).to_csv(path, index=False)
     path.with_suffix(".md").write_text(
         "# specviz bench: SmolLM2 (`smollm2-135m`)\n\n- machine: Linux, AMD EPYC, 2 cores; device cpu\n"
         "- date: 2026-11-29T10:34:24+00:00\n- command: `python -m specviz bench --pair smollm2-135m`\n"

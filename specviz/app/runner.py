@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
@@ -92,12 +93,23 @@ class PairStore(Generic[T]):
             pair = self._loader(name, progress)
         except BaseException as exc:  # noqa: BLE001 - any failure becomes a friendly message
             load.view = LoadView("failed", 1.0, "failed", None, self._user_error(exc))
+            del exc
+            gc.collect()  # a load that failed half-way leaves nothing behind (its tensors go now, not later)
         else:
             load.view = LoadView("ready", 1.0, "ready", pair, None)
 
 
 class RunnerBusy(RuntimeError):
     """The queue is full: the page asks the pupil to try again in a moment instead of piling up work."""
+
+
+class OwnerBusy(RunnerBusy):
+    """This browser already has its share of waiting runs: ten tabs cannot push a class back ten places."""
+
+    @classmethod
+    def waiting(cls, n: int) -> OwnerBusy:
+        return cls(f"this browser already has {n} runs waiting for the model; they go first, then press again "
+                   "(other tabs count too)")
 
 
 @dataclass(frozen=True)
@@ -127,8 +139,9 @@ class JobView:
 class Job:
     """One job drained in the worker thread; its yielded items appear here as they are made."""
 
-    def __init__(self, key: Hashable, make: Callable[[], JobSteps]) -> None:
+    def __init__(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None) -> None:
         self.key = key
+        self.owner = owner  # who asked first (a browser id): counts towards that browser's waiting runs
         self._make = make
         self._lock = threading.Lock()
         self._rounds: list[Any] = []
@@ -144,6 +157,11 @@ class Job:
     def cancel(self) -> None:
         """Stop after the current round (a queued job never starts)."""
         self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Asked to stop (a queued one will never start, so it no longer counts as waiting)."""
+        return self._cancel.is_set()
 
     def run(self, user_error: Callable[[BaseException], str]) -> None:
         """Drain the generator, publishing each round; never raises."""
@@ -197,8 +215,13 @@ class Runner:
         self._worker = threading.Thread(target=self._work, daemon=True, name="specviz-runner")
         self._worker.start()
 
-    def submit(self, key: Hashable, make: Callable[[], JobSteps]) -> Job:
-        """The job for `key`, created and queued if there is none (or the last one failed or was stopped)."""
+    def submit(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None,
+               owner_limit: int | None = None) -> Job:
+        """The job for `key`, created and queued if there is none (or the last one failed or was stopped).
+
+        With an `owner`, at most `owner_limit` of its new jobs wait at once (OwnerBusy beyond that);
+        a job that exists already is shared and costs nobody a place.
+        """
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.view().state not in ("failed", "cancelled"):
@@ -207,7 +230,9 @@ class Runner:
             if len(self._pending) >= self._max_queued:
                 raise RunnerBusy(f"{len(self._pending)} runs are already waiting for the model; "
                                  "please try again in a minute")
-            job = self._jobs[key] = Job(key, make)
+            if owner is not None and owner_limit is not None and self._waiting(owner) >= owner_limit:
+                raise OwnerBusy.waiting(self._waiting(owner))
+            job = self._jobs[key] = Job(key, make, owner)
             self._evict()
             self._pending.append(job)
             self._lock.notify()
@@ -229,6 +254,14 @@ class Runner:
         """Jobs waiting, not counting the one running."""
         with self._lock:
             return len(self._pending)
+
+    def waiting(self, owner: Hashable) -> int:
+        """Jobs of `owner` waiting to start (stopped ones never start, so they do not count)."""
+        with self._lock:
+            return self._waiting(owner)
+
+    def _waiting(self, owner: Hashable) -> int:
+        return sum(1 for j in self._pending if j.owner == owner and not j.cancelled)
 
     def _evict(self) -> None:
         finished = [k for k, j in self._jobs.items() if j.view().finished]

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
-from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.limits import DRAFTER_KINDS as DRAFTERS
+from specviz.core.limits import DrafterKind as DrafterName
+from specviz.core.limits import APP_MAX_NEW_RANGE as MAX_NEW_RANGE
+from specviz.core.limits import GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
 from specviz.core.sampling import SamplingConfig
+from specviz.core.trace import GenerationConfig
+from specviz.lessons import LEVELS, Level
 
-Level = Literal["d1", "d2", "d5"]
-DrafterName = Literal["model", "ngram"]
-
-LEVELS: tuple[Level, ...] = ("d1", "d2", "d5")
+# the names imported above are the app's view of core.limits, core.drafters and lessons (one definition each)
 LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
-DRAFTERS: tuple[DrafterName, ...] = ("model", "ngram")
-MODES = ("greedy", "sample")
-TEMPERATURE_RANGE = (0.05, 2.0)
-TOP_P_RANGE = (0.05, 1.0)
-SEED_RANGE = (0, 2**31 - 1)
-MAX_NEW_RANGE = (1, 256)  # a CPU demo: 256 plain target steps of the 1.5B model take about 2 minutes
 
 
 @dataclass(frozen=True)
@@ -62,6 +58,19 @@ QUERY_KEYS: dict[str, str] = {  # query-string name -> Settings field
 }
 
 
+SHOWN_CHARS = 40  # a link's value is echoed in a note at most this long
+
+
+def shown(raw: str) -> str:
+    """A link's value as a note may echo it: one line, short, and unable to leave its `code` span.
+
+    Notes are Markdown: a backtick would end the code span and let a link smuggle in an image
+    that calls another server, so backticks, control characters and line breaks become spaces.
+    """
+    flat = "".join(" " if ch == "`" or not ch.isprintable() else ch for ch in str(raw))
+    return flat if len(flat) <= SHOWN_CHARS else flat[: SHOWN_CHARS - 1] + "…"
+
+
 def _first(value: Any) -> str:
     """Query values may come as a list (repeated keys): use the last one, as Streamlit does."""
     if isinstance(value, (list, tuple)):
@@ -71,25 +80,25 @@ def _first(value: Any) -> str:
 
 def _clamp_number(name: str, raw: str, cast: type, lo: float, hi: float, notes: list[str]) -> Any:
     try:
-        value = cast(float(raw)) if cast is int else cast(raw)
+        value = float(raw) if cast is int else cast(raw)  # clamped before int(): int(inf) would raise
     except (TypeError, ValueError):
-        notes.append(f"Ignored `{name}={raw}` in the link: not a number.")
+        notes.append(f"Ignored `{name}={shown(raw)}` in the link: not a number.")
         return None
     if value != value:  # NaN
-        notes.append(f"Ignored `{name}={raw}` in the link: not a number.")
+        notes.append(f"Ignored `{name}={shown(raw)}` in the link: not a number.")
         return None
     if value < lo or value > hi:
         clamped = cast(min(max(value, lo), hi))
-        notes.append(f"`{name}={raw}` in the link is outside {lo}–{hi}; using {clamped}.")
+        notes.append(f"`{name}={shown(raw)}` in the link is outside {lo}–{hi}; using {clamped}.")
         return clamped
-    return value
+    return cast(value)
 
 
 def _choice(name: str, raw: str, allowed: Sequence[str], notes: list[str]) -> str | None:
     value = raw.strip().lower()
     if value in allowed:
         return value
-    notes.append(f"Ignored `{name}={raw}` in the link: choose one of {', '.join(allowed)}.")
+    notes.append(f"Ignored `{name}={shown(raw)}` in the link: choose one of {', '.join(allowed)}.")
     return None
 
 
@@ -107,7 +116,7 @@ def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[S
     if "pair" in get:
         found["pair"] = get["pair"].strip() if get["pair"].strip() in pair_names else None
         if found["pair"] is None:
-            notes.append(f"Unknown model pair `{get['pair']}` in the link; using the default pair.")
+            notes.append("The link names a model pair this server does not offer; using the default pair.")  # never echoed: it may be a path
     if "drafter" in get:
         found["drafter"] = _choice("drafter", get["drafter"], DRAFTERS, notes)
     if "mode" in get:

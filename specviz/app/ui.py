@@ -24,11 +24,12 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.lessons import has_lesson, lesson
 from specviz.presets import GROUP_TITLES, presets_in
-from specviz.app.runner import Job, JobView, PairStore, Runner, RunnerBusy
+from specviz.app import policy as policy_rules
+from specviz.app.policy import Policy
+from specviz.app.runner import Job, JobView, OwnerBusy, PairStore, Runner, RunnerBusy
 from specviz.core.progress import JobSteps
 from specviz.app.settings import (
-    LEVEL_TITLES, LEVELS, MAX_NEW_RANGE, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
-    clean_prompt, parse_query, to_query,
+    LEVEL_TITLES, LEVELS, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings, clean_prompt, to_query,
 )
 
 log = logging.getLogger("specviz.app")
@@ -41,12 +42,44 @@ MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
 
 
 def user_error(exc: BaseException) -> str:
-    """One friendly line for any failure (the traceback goes to the server log, not the page)."""
-    if isinstance(exc, (models.PairError, ValueError)):
-        return str(exc)
-    log.error("run failed", exc_info=exc)
-    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"
+    """One friendly line for any failure, without paths or internals (the full error goes to the server log)."""
+    return policy_rules.visitor_message(exc, (models.PairError, ValueError))
+
+
+def current_policy() -> Policy:
+    """The operator's rules (secrets, environment, `streamlit run app.py -- --classroom …`), read on every run.
+
+    Cheap, and never cached: an operator's edit of secrets.toml applies on the next rerun.
+    """
+    found, problems = policy_rules.load_policy(models.PAIR_NAMES, os.environ, _secrets(), sys.argv[1:])
+    for problem in problems:
+        log.warning("policy: %s", problem)
+    return found
+
+
+def _secrets() -> Mapping[str, Any]:
+    """`.streamlit/secrets.toml` as a dict ({} when there is none or it cannot be read)."""
+    try:
+        return st.secrets.to_dict() if st.secrets.load_if_toml_exists() else {}
+    except Exception as exc:  # noqa: BLE001 - a broken secrets file must not take the app down
+        log.warning("secrets.toml could not be read: %s", exc)
+        return {}
+
+
+def owner_id() -> str:
+    """Who asks for a run: one browser (all its tabs share Streamlit's XSRF cookie), else this session."""
+    browser = policy_rules.browser_id(st.context.cookies.get(policy_rules.XSRF_COOKIE))
+    if browser:
+        return "browser:" + browser
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return "session:" + (ctx.session_id if ctx is not None else "none")
+
+
+def _submit(key: tuple[Any, ...], make: Callable[[], JobSteps]) -> Job:
+    """Queue on the shared runner as this browser, within its share of waiting runs."""
+    return runner().submit(key, make, owner=owner_id(), owner_limit=current_policy().waiting_per_browser)
 
 
 WARMUP_TEXT = "def add(a, b):\n    return a + b\n"
@@ -120,46 +153,39 @@ def run_page(main: Callable[[], None]) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def _pair_ok(name: str) -> bool:
-    try:
-        models.get_spec(name)
-    except models.PairError:
-        return False
-    return True
-
-
-def _known_pairs(params: Mapping[str, Any]) -> list[str]:
-    wanted = str(params.get("pair", ""))
-    names = list(models.PAIR_NAMES)
-    base, precision = models.split_ref(wanted)
-    if (base.startswith("hf:") or precision) and _pair_ok(wanted):
-        names.append(wanted)
-    return names
+def _pair_titles(rules: Policy) -> dict[str, str]:
+    return {**{n: _pair_title(n) for n in rules.pairs}, **DRAFTER_TITLES}
 
 
 def _init_from_query() -> None:
-    """On a session's first run, read the URL into the widgets (bad values become friendly notes)."""
+    """On a session's first run, read the URL into the widgets (bad values become friendly notes).
+
+    Only pairs the policy offers are taken from a link: a hub id or a folder is refused before
+    anything is resolved, read or downloaded.
+    """
     if K + "ready" in st.session_state:
         return
+    rules = current_policy()
     params = st.query_params.to_dict()
-    settings, notes = parse_query(params, _known_pairs(params))
+    # a link's pair may carry a target precision ("qwen-coder@bf16"): the policy checks the pair, the precision box gets the rest
+    params["pair"], precision = models.split_ref(str(params.get("pair", models.DEFAULT_PAIR)))
+    settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
     for name in ("level", "pair", "drafter", "mode", "temperature", "top_p", "seed", "gamma", "adaptive", "max_new_tokens",
                  "presenter"):
         st.session_state[K + name] = getattr(settings, name)
-    # the URL's pair may carry a target precision ("qwen-coder@bf16"): the pair box holds the name, the precision box the rest
-    st.session_state[K + "pair"], precision = models.split_ref(settings.pair)
     st.session_state[K + "precision"] = precision or AUTO
     st.session_state[K + "notes"] = notes
     st.session_state[K + "ready"] = True
 
 
-def visible_pairs(current: str) -> list[str]:
-    """The sidebar's pair choices: the test pair only when asked for (URL or SPECVIZ_SHOW_TEST_PAIR=1)."""
+def visible_pairs(current: str, rules: Policy | None = None) -> list[str]:
+    """The sidebar's pair choices (the policy's pairs): the test pair only when asked for (URL or SPECVIZ_SHOW_TEST_PAIR=1)."""
+    offered = (rules or current_policy()).pairs
     show_test = os.environ.get("SPECVIZ_SHOW_TEST_PAIR") == "1" or current == TEST_PAIR
-    names = [n for n in models.PAIR_NAMES if n != TEST_PAIR or show_test]
-    if current not in names:
+    names = [n for n in offered if n != TEST_PAIR or show_test]
+    if current not in names and current in offered:
         names.append(current)
-    return names
+    return names or list(offered)
 
 
 def _pair_title(name: str) -> str:
@@ -175,27 +201,32 @@ def _pair_caption(name: str) -> str:
     except models.PairError as exc:
         return str(exc)
     view = pair_store().peek(name)
-    state = "loaded ✓" if view and view.status == "ready" else f"Load cost: {spec.load_cost}"
-    held = [n for n in pair_store().ready() if n != name]
-    if held and state != "loaded ✓":  # one pair at a time keeps a long-running server's memory bounded
-        state += f"; loading it releases {', '.join(_pair_title(n) for n in held)}"
-    return f"{spec.description}  \n**{state}**"
+    ready = view is not None and view.status == "ready"
+    if name not in models.PAIR_NAMES:  # an operator's hub or folder pair: its description would show where it lives
+        return f"A model pair added by this server's operator.  \n**{'loaded ✓' if ready else 'not loaded yet'}**"
+    return f"{spec.description}  \n**{'loaded ✓' if ready else f'Load cost: {spec.load_cost}'}**"
 
 
 def sidebar_settings() -> Settings:
     """Draw the shared sidebar and return the settings it holds (also kept for pages in session_state)."""
     _init_from_query()
+    rules = current_policy()
+    _hold_to(rules)
     sb = st.sidebar
     for note in st.session_state.pop(K + "notes", []):
         sb.warning(note, icon=":material/link:")
     sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True,
              help="Changes the words and how much is shown, never the run itself.")
     pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
-    sb.selectbox("Model pair (draft → target)", visible_pairs(pair), key=K + "pair", format_func=_pair_title)
-    precision_select(sb, st.session_state[K + "pair"])
-    sb.caption(_pair_caption(_pair_from_state()))
-    sb.radio("Drafter", ("model", "ngram"), key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
-             help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
+    if rules.classroom and len(rules.pairs) == 1:  # a classroom's pupils see what they may change, nothing else
+        sb.markdown(f"**Model pair:** {_pair_title(pair)}")
+    else:
+        sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=_pair_title)
+        precision_select(sb, st.session_state[K + "pair"])
+        sb.caption(_pair_caption(_pair_from_state()))
+    if len(rules.drafters) > 1:
+        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
+                 help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
     sb.radio("Decoding", ("greedy", "sample"), key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
              help="Greedy always takes the most likely token; sampling draws from the probabilities.")
     if st.session_state[K + "mode"] == "sample":
@@ -208,12 +239,26 @@ def sidebar_settings() -> Settings:
                          "and right, nothing while drafting does not pay. γ below is then the most it may draft.")
     sb.slider("γ — most tokens guessed per round" if adaptive else "γ — draft length (tokens guessed per round)",
               *GAMMA_RANGE, key=K + "gamma")
-    sb.slider("Max new tokens", *MAX_NEW_RANGE, key=K + "max_new_tokens")
+    sb.slider("Max new tokens", *rules.max_new_range, key=K + "max_new_tokens")
     sb.toggle("Presenter mode (large type)", key=K + "presenter")
-    settings = _settings_from_state()
+    # checked again on the server, whatever the browser sent
+    settings, changed = policy_rules.enforce(_settings_from_state(), rules, models.DEFAULT_PAIR)
+    if changed:
+        log.warning("settings held to the policy: %s", changed)
     st.session_state[K + "settings"] = settings
     _write_query(to_query(settings), QUERY_KEYS)
     return settings
+
+
+def _hold_to(rules: Policy) -> None:
+    """Keep the widgets' state inside the policy before they are drawn (an operator may tighten it while a session is open)."""
+    ss = st.session_state
+    if ss.get(K + "pair") not in rules.pairs:
+        ss[K + "pair"] = rules.first_pair(models.DEFAULT_PAIR)
+    if ss.get(K + "drafter") not in rules.drafters:
+        ss[K + "drafter"] = rules.drafters[0]
+    lo, hi = rules.max_new_range
+    ss[K + "max_new_tokens"] = policy_rules.bounded(ss.get(K + "max_new_tokens"), lo, hi, min(Settings().max_new_tokens, hi))
 
 
 AUTO = "auto"  # the precision box's "chosen at load" entry
@@ -371,13 +416,32 @@ def run_keys(pair: str, prompt: str, s: Settings) -> tuple[tuple[Any, ...], tupl
 def start_runs(pair: models.LoadedPair, prompt: str, prompt_ids: list[int], s: Settings) -> RunRef:
     """Queue the speculative run, then the baseline (each reused if it already exists)."""
     spec_key, plain_key = run_keys(pair.spec.name, prompt, s)
+    _room_for(spec_key, plain_key)
     drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
     config: GenerationConfig = s.generation_config()
     ids = list(prompt_ids)
-    runner().submit(spec_key, lambda: speculative_generate(pair.target, drafter, pair.tokenizer, ids, config, pair.eos_ids))
+    _submit(spec_key, lambda: speculative_generate(pair.target, drafter, pair.tokenizer, ids, config, pair.eos_ids))
     base = s.baseline_config()
-    runner().submit(plain_key, lambda: autoregressive_generate(pair.target, pair.tokenizer, ids, base, pair.eos_ids))
+    _submit(plain_key, lambda: autoregressive_generate(pair.target, pair.tokenizer, ids, base, pair.eos_ids))
     return RunRef(spec_key, plain_key, prompt, s)
+
+
+def _room_for(*keys: tuple[Any, ...]) -> None:
+    """Raise OwnerBusy unless this browser may queue all of `keys` (so a run never waits without its baseline)."""
+    new = sum(1 for k in keys if (j := runner().get(k)) is None or j.view().state in ("failed", "cancelled"))
+    limit, owner = current_policy().waiting_per_browser, owner_id()
+    if new and (waiting := runner().waiting(owner)) + new > limit:
+        raise OwnerBusy.waiting(waiting)
+
+
+def room_for(*keys: tuple[Any, ...]) -> bool:
+    """Whether this browser may queue all of `keys` together; if not, say so on the page."""
+    try:
+        _room_for(*keys)
+    except RunnerBusy as exc:
+        st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
+        return False
+    return True
 
 
 def job(key: tuple[Any, ...]) -> Job | None:
@@ -391,7 +455,7 @@ def submit_job(key: tuple[Any, ...], make: Callable[[], JobSteps]) -> Job | None
     a model and two pupils asking for the same measurement share one run.
     """
     try:
-        return runner().submit(key, make)
+        return _submit(key, make)
     except RunnerBusy as exc:
         st.warning(f"The server is busy: {exc}.", icon=":material/hourglass_top:")
         return None

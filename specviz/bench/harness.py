@@ -1,19 +1,14 @@
-"""Side-by-side benchmark: our speculative decoding vs transformers' assisted generation vs plain decoding."""
+"""Side-by-side benchmark, running and measuring: ours vs transformers' assisted and plain generation (reports: bench.report)."""
 
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import gc
-import html
-import os
-import platform
-import re
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,9 +20,10 @@ from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.sampling import SamplingConfig
+from specviz.models.base import LoadProgress
+from specviz.presets import PRESETS
 
 Mode = Literal["greedy", "sample"]
-Progress = Callable[[float, str], None]
 
 SAMPLE_TEMPERATURE = 0.7  # the sampling mode's temperature (top-k off, top-p 1: the plain tempered p)
 WARMUP_TOKENS = 8  # untimed warm-up run per method before the repeats of each (pair, workload, mode)
@@ -45,33 +41,15 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Workload:
-    """One prompt of the benchmark (raw text, no chat template)."""
+    """One prompt of the benchmark: an app preset under the benchmark's names (raw text, no chat template)."""
 
-    name: str
-    kind: Literal["predictable", "creative"]  # what we expect of draft/target agreement
+    name: str  # the preset id: the CSV's workload column, read back by the Where it helps lab
+    kind: Literal["predictable", "creative"]  # the preset's group: what we expect of draft/target agreement
     prompt: str
     copying: bool  # the answer copies text from the prompt: prompt lookup (hf-lookup, ngram) applies
 
 
-_COPY_TEXT = (
-    "The lighthouse keeper climbed the spiral stairs every evening at six. He wound the clockwork, "
-    "trimmed the wick and polished the great lens until it shone. Ships passing the rocks at night "
-    "saw the beam sweep the water every ten seconds, and they knew they were safe."
-)
-
-WORKLOADS: tuple[Workload, ...] = (
-    Workload("code", "predictable", "def fibonacci(n):", False),
-    Workload(
-        "json", "predictable",
-        'A JSON object describing a book, with the keys "title", "author", "year", "isbn" and "genres":\n\n'
-        '{\n  "title": "',
-        False,
-    ),
-    Workload("list", "predictable", "The planets of the solar system, in order:\n1.", False),
-    Workload("copy", "predictable", f"Text: {_COPY_TEXT}\n\nThe same text, repeated word for word:\n", True),
-    Workload("story", "creative", "Once upon a time", False),
-    Workload("poem", "creative", "A short poem about the sea:\n\n", False),
-)
+WORKLOADS: tuple[Workload, ...] = tuple(Workload(p.id, p.group, p.prompt, p.copies_prompt) for p in PRESETS)
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
 
@@ -210,10 +188,12 @@ class RunRecord:
     repeat: int
     tokens: tuple[int, ...]  # new ids (EOS included when it stopped the run)
     ms_per_token: float  # (prefill + decode) / new tokens, the same definition for every method
-    acceptance_rate: float | None = None  # ours with a drafter only
-    tokens_per_target_call: float | None = None  # ours only
-    draft_ms_per_token: float | None = None  # ours with a drafter only
-    target_step_ms: float | None = None  # baseline only: median ms of one target step
+    # ours with a drafter: fields of metrics.compare(this run, the same repeat's target-only run)
+    acceptance_rate: float | None = None  # accepted ÷ drafted
+    alpha_checked: float | None = None  # Leviathan's α: accepted ÷ checked
+    tokens_per_target_call: float | None = None  # ours only (1.0 for the baseline)
+    c: float | None = None  # median per-token draft ms ÷ the same repeat's target step
+    expected_speedup_measured_verify: float | None = None  # Leviathan with this repeat's measured verify cost
     gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
     peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
 
@@ -338,36 +318,28 @@ def run_hf(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, seed
     return tuple(out[0, ids.shape[1]:].tolist()), elapsed_ms
 
 
-def effective_gamma(method: Method, gen: Generation) -> float | None:
-    """γ for Leviathan's formula: the configured γ, or (adaptive, n-gram) the mean drafted per drafting round."""
-    if method.drafter is None:
-        return None
-    if method.drafter == "model" and not method.adaptive:
-        return float(method.gamma)
-    return metrics.mean_draft_length(gen.rounds)
-
-
 def measure(pair: Any, pair_name: str, workload: Workload, method: Method, prompt_ids: Sequence[int],
-            mode: str, repeat: int, max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE) -> RunRecord:
-    """One timed, recorded run (seed = repeat index, so every method sees the same seeds)."""
+            mode: str, repeat: int, max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE,
+            baseline: Generation | None = None) -> tuple[RunRecord, Generation | None]:
+    """One timed, recorded run (seed = repeat index, so every method sees the same seeds) and ours' Generation.
+
+    `baseline` is the same repeat's target-only run: a drafting method's figures are metrics.compare's.
+    """
     reset_peak_rss()
     key = dict(pair=pair_name, workload=workload.name, mode=mode, method=method.name, repeat=repeat)
     if method.family == "hf":
         tokens, ms = run_hf(pair, method, prompt_ids, mode, repeat, max_new_tokens, temperature)
-        return RunRecord(**key, tokens=tokens, ms_per_token=ms / max(1, len(tokens)), peak_rss_mb=peak_rss_mb())
+        return RunRecord(**key, tokens=tokens, ms_per_token=ms / max(1, len(tokens)), peak_rss_mb=peak_rss_mb()), None
     gen = run_ours(pair, method, prompt_ids, mode, repeat, max_new_tokens, temperature)
     rss = peak_rss_mb()
-    return RunRecord(
-        **key,
-        tokens=gen.tokens,
-        ms_per_token=(gen.prefill_ms + gen.decode_ms) / max(1, len(gen.tokens)),
-        acceptance_rate=metrics.acceptance_rate(gen.rounds) if method.drafter else None,
-        tokens_per_target_call=metrics.tokens_per_target_call(gen.rounds),
-        draft_ms_per_token=metrics.draft_ms_per_token(gen.rounds) if method.drafter else None,
-        target_step_ms=metrics.target_ms_per_step(gen) if method.drafter is None else None,
-        gamma=effective_gamma(method, gen),
-        peak_rss_mb=rss,
-    )
+    figures: dict[str, Any] = {"tokens_per_target_call": metrics.tokens_per_target_call(gen.rounds)}
+    if method.drafter:
+        cmp = metrics.compare(gen, baseline)
+        figures.update(acceptance_rate=cmp.acceptance_drafted, alpha_checked=cmp.alpha_checked, c=cmp.c,
+                       expected_speedup_measured_verify=cmp.expected_speedup_measured_verify, gamma=cmp.gamma)
+    record = RunRecord(**key, tokens=gen.tokens, ms_per_token=(gen.prefill_ms + gen.decode_ms) / max(1, len(gen.tokens)),
+                       peak_rss_mb=rss, **figures)
+    return record, gen
 
 
 def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float) -> None:
@@ -399,10 +371,12 @@ class BenchRow:
     ms_per_token_max: float
     tokens_per_s: float  # 1000 / median ms per token
     speedup: float | None  # median ms/token of target-only (ours) / median ms/token of this method
-    acceptance_rate: float | None  # median α over the repeats (ours with a drafter)
+    acceptance_rate: float | None  # median accepted ÷ drafted over the repeats (ours with a drafter)
+    alpha_checked: float | None  # median Leviathan's α (accepted ÷ checked)
     tokens_per_target_call: float | None  # median (ours)
-    c: float | None  # median measured c: draft ms per token / target ms per step (same repeat)
-    expected_speedup: float | None  # Leviathan: from the median α, γ and c
+    c: float | None  # median measured c: median draft ms per token / target ms per step (same repeat)
+    expected_speedup: float | None  # Leviathan: from the median alpha_checked, γ and c (verify = 1 step)
+    expected_speedup_measured_verify: float | None  # median over repeats: with the measured verify cost
     gamma: float | None  # configured γ, or the median mean drafted per drafting round
     peak_rss_mb: float | None  # the highest VmHWM over the repeats
     identical_to_baseline: bool | None  # greedy: every repeat's tokens == ours target-only tokens
@@ -425,7 +399,7 @@ def _all_equal(records: Sequence[RunRecord], reference: dict[int, RunRecord]) ->
     return all(r.tokens == ref.tokens for r, ref in pairs)
 
 
-def _method_order(name: str) -> int:
+def method_order(name: str) -> int:
     names = list(METHODS_BY_NAME)
     return names.index(name) if name in names else len(names)
 
@@ -443,7 +417,7 @@ def aggregate(records: Sequence[RunRecord]) -> list[BenchRow]:
         base = {r.repeat: r for r in by_method.get(BASELINE, [])}
         hf_plain = {r.repeat: r for r in by_method.get("hf-plain", [])}
         base_ms = _median(r.ms_per_token for r in base.values())
-        for method in sorted(by_method, key=_method_order):
+        for method in sorted(by_method, key=method_order):
             rows.append(_row(pair, workload, mode, method, by_method[method], base, hf_plain, base_ms))
     return rows
 
@@ -453,11 +427,7 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
     spec = METHODS_BY_NAME.get(method)
     wl = WORKLOADS_BY_NAME.get(workload)
     ms = statistics.median(r.ms_per_token for r in recs)
-    alpha = _median(r.acceptance_rate for r in recs)
-    cs = [r.draft_ms_per_token / base[r.repeat].target_step_ms for r in recs
-          if r.draft_ms_per_token is not None and r.repeat in base and base[r.repeat].target_step_ms]
-    c = statistics.median(cs) if cs else None
-    gamma = _median(r.gamma for r in recs)
+    alpha, c, gamma = _median(r.alpha_checked for r in recs), _median(r.c for r in recs), _median(r.gamma for r in recs)
     expected = metrics.expected_speedup(alpha, gamma, c) if None not in (alpha, gamma, c) and gamma > 0 else None
     greedy = mode == "greedy"
     is_hf = spec.family == "hf" if spec else method.startswith("hf-")
@@ -472,185 +442,17 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
         ms_per_token_max=max(r.ms_per_token for r in recs),
         tokens_per_s=1000.0 / ms if ms > 0 else float("inf"),
         speedup=base_ms / ms if base_ms is not None and ms > 0 else None,
-        acceptance_rate=alpha,
+        acceptance_rate=_median(r.acceptance_rate for r in recs),
+        alpha_checked=alpha,
         tokens_per_target_call=_median(r.tokens_per_target_call for r in recs),
         c=c,
         expected_speedup=expected,
+        expected_speedup_measured_verify=_median(r.expected_speedup_measured_verify for r in recs),
         gamma=gamma,
         peak_rss_mb=max(rss) if rss else None,
         identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
         identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# reports: CSV, Markdown, HTML
-
-
-def safe_name(pair: str) -> str:
-    """A pair name as a file-name part ('hf:a/b,c/d' -> 'hf_a_b_c_d')."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", pair).strip("_") or "pair"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def machine_line(device: str) -> str:
-    import transformers
-
-    gpu = ""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        gpu = f", GPU {torch.cuda.get_device_name(0)}"
-    return (f"{platform.platform()}, {cpu_model()}, {os.cpu_count()} cores{gpu}; "
-            f"torch {torch.__version__}, transformers {transformers.__version__}; device {device}")
-
-
-def rows_frame(rows: Sequence[BenchRow]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame([asdict(r) for r in rows], columns=list(CSV_COLUMNS))
-
-
-def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
-    if x is None:
-        return ""
-    return f"{x:.{digits}f}{suffix}"
-
-
-def _yes(x: bool | None) -> str:
-    return "" if x is None else ("yes" if x else "**NO**")
-
-
-TABLE_HEADER = ("workload", "mode", "method", "ms/token", "tokens/s", "speed-up", "α", "tokens/target call",
-                "c", "expected", "γ", "peak RSS MB", "= target", "= hf-plain")
-
-
-def markdown_table(rows: Sequence[BenchRow]) -> str:
-    """The rows as one GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "|".join("---" for _ in TABLE_HEADER) + "|"]
-    for r in rows:
-        cells = (
-            f"{r.workload} ({r.kind})" if r.kind else r.workload, r.mode, f"`{r.method}`",
-            _fmt(r.ms_per_token, 1), _fmt(r.tokens_per_s, 2), _fmt(r.speedup, 2, "×"),
-            _fmt(r.acceptance_rate, 2), _fmt(r.tokens_per_target_call, 2), _fmt(r.c, 3),
-            _fmt(r.expected_speedup, 2, "×"), _fmt(r.gamma, 1), _fmt(r.peak_rss_mb, 0),
-            _yes(r.identical_to_baseline), _yes(r.identical_to_hf_plain),
-        )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _hf_assisted_note() -> str:
-    try:
-        from transformers.utils import is_sklearn_available
-
-        tuned = is_sklearn_available()
-    except ImportError:
-        tuned = False
-    return ("transformers' defaults: up to 20 draft tokens per round, the draft stops below confidence 0.4"
-            + ("; the threshold is re-tuned during the run (scikit-learn is installed)" if tuned
-               else "; no re-tuning of that threshold (it needs scikit-learn, not installed)"))
-
-
-def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow], date: str) -> str:
-    """The whole bench-<pair>.md: header (machine, date, command, settings), table, footnotes."""
-    device = str(getattr(pair, "device", config.device or "cpu"))
-    title = getattr(getattr(pair, "spec", None), "title", pair_name)
-    used = [m for m in METHODS if m.name in {r.method for r in rows}]
-    lines = [
-        f"# specviz bench: {title} (`{pair_name}`)",
-        "",
-        f"- machine: {machine_line(device)}",
-        f"- date: {date}",
-        f"- command: `{config.command or 'python -m specviz bench'}`",
-        f"- settings: {config.repeats} repeats (interleaved: each repeat runs every method once), "
-        f"{config.max_new_tokens} new tokens at most, modes {', '.join(config.modes)}"
-        + (f" (sample = T {config.temperature}, top-k off, top-p 1)" if "sample" in config.modes else "")
-        + f", target precision {getattr(pair, 'target_precision', config.target_precision or 'default')}"
-        + ", draft precision "
-        f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}"
-        + (f" ({pair.precision_reason})" if getattr(pair, "precision_reason", "") else "") + ", "
-        f"a {config.warmup_tokens}-token untimed warm-up per method before each workload and mode",
-        "",
-        markdown_table(rows),
-        "",
-        "Notes:",
-        "- ms/token = (prefill + decode wall time) / new tokens for every method, median over the repeats; "
-        "transformers' generate is timed as one call, so its prefill is in its figure and ours is counted the same way. "
-        "tokens/s = 1000 / that median.",
-        "- speed-up = median ms/token of `target` (ours, target alone) / median ms/token of the method, in the same run.",
-        "- α = accepted / drafted tokens; c = draft ms per drafted token / one target step (median step of the `target` "
-        "run of the same repeat); expected = Leviathan et al.'s (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the median α, "
-        "γ and c, which assumes a verify pass costs one target step; γ is the configured draft length, or for "
-        "`spec-adaptive` and `ngram` the mean number drafted per drafting round. α, c and tokens per target call are "
-        "not observable for transformers' methods (blank).",
-        "- = target / = hf-plain (greedy only): every repeat produced exactly the same tokens as ours target-only / "
-        "transformers' plain generate.",
-        "- peak RSS = the process's VmHWM during the run (reset before each run), highest over the repeats; "
-        "the loaded models dominate it.",
-        "- methods: " + "; ".join(f"`{m.name}` {m.description}" for m in used) + ".",
-    ]
-    if any(m.assistant for m in used):
-        lines.append(f"- `hf-assisted`: {_hf_assisted_note()}.")
-    return "\n".join(lines) + "\n"
-
-
-def speedup_figure(rows: Sequence[BenchRow], pair_name: str, device: str) -> Any:
-    """Grouped bars: speed-up over target-only per workload (x) and method (colour), one panel per mode."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    modes = list(dict.fromkeys(r.mode for r in rows))
-    workloads = list(dict.fromkeys(r.workload for r in rows))
-    methods = [m for m in dict.fromkeys(r.method for r in rows) if m != BASELINE]
-    methods.sort(key=_method_order)
-    fig = make_subplots(rows=len(modes), cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                        subplot_titles=[f"{m}" + (f" (T {SAMPLE_TEMPERATURE})" if m == "sample" else "") for m in modes])
-    palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
-    for i, mode in enumerate(modes, start=1):
-        for j, method in enumerate(methods):
-            by_wl = {r.workload: r for r in rows if r.mode == mode and r.method == method}
-            fig.add_trace(go.Bar(
-                x=workloads,
-                y=[by_wl[w].speedup if w in by_wl else None for w in workloads],
-                name=method, legendgroup=method, showlegend=i == 1,
-                marker_color=palette[j % len(palette)],
-                customdata=[[_fmt(by_wl[w].ms_per_token, 1) if w in by_wl else ""] for w in workloads],
-                hovertemplate=f"{html.escape(method)}<br>%{{x}}: %{{y:.2f}}× (%{{customdata[0]}} ms/token)<extra></extra>",
-            ), row=i, col=1)
-        fig.add_hline(y=1.0, line_dash="dash", line_color="black", row=i, col=1,
-                      annotation_text="target alone = 1.0", annotation_position="top left")
-        fig.update_yaxes(title_text="speed-up vs target-only (×)", rangemode="tozero", row=i, col=1)
-    fig.update_xaxes(title_text="workload", row=len(modes), col=1)
-    fig.update_layout(
-        title=f"specviz bench: speed-up over target-only decoding, {pair_name} on {device} "
-              "(median ms/token ratio, prefill included)",
-        barmode="group", template="plotly_white", height=380 * len(modes) + 120, legend_title_text="method",
-    )
-    return fig
-
-
-def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow]) -> dict[str, Path]:
-    """bench-<pair>.csv, .md and .html into config.out_dir; returns their paths."""
-    out = config.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"bench-{safe_name(pair_name)}"
-    date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    paths = {"csv": stem.with_suffix(".csv"), "md": stem.with_suffix(".md"), "html": stem.with_suffix(".html")}
-    rows_frame(rows).to_csv(paths["csv"], index=False)
-    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date), encoding="utf-8")
-    device = str(getattr(pair, "device", config.device or "cpu"))
-    speedup_figure(rows, pair_name, device).write_html(paths["html"], include_plotlyjs="cdn", full_html=True)
-    return paths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,9 +496,12 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord
         for method in methods:
             warm_up(pair, method, prompt_ids, mode, min(config.warmup_tokens, config.max_new_tokens), config.temperature)
         for repeat in range(config.repeats):
+            baseline: Generation | None = None  # the target runs first in each repeat (make_config)
             for method in methods:
-                rec = measure(pair, pair_name, workload, method, prompt_ids, mode, repeat,
-                              config.max_new_tokens, config.temperature)
+                rec, gen = measure(pair, pair_name, workload, method, prompt_ids, mode, repeat,
+                                   config.max_new_tokens, config.temperature, baseline)
+                if method.name == BASELINE:
+                    baseline = gen
                 records.append(rec)
                 done = len(records)
                 left = (time.perf_counter() - t_start) / done * (total - done)
@@ -707,19 +512,21 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord
     return records
 
 
-def run_bench(config: BenchConfig, progress: Progress | None = None) -> list[tuple[str, list[BenchRow], dict[str, Path]]]:
-    """Load each pair in turn, benchmark it, write its reports; returns (pair, rows, paths) per pair."""
+WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow]], dict[str, Path]]
+
+
+def run_bench(config: BenchConfig, write: WriteReports,
+              progress: LoadProgress | None = None) -> list[tuple[str, list[BenchRow], dict[str, Path]]]:
+    """Load each pair in turn, benchmark it, `write` its reports (bench.report); returns (pair, rows, paths) per pair."""
     from specviz import models
 
     results = []
     for name in config.pairs:
         _say(f"loading {name}")
-        pair = models.load_pair(
-            name, draft_precision=config.draft_precision, device=config.device, progress=progress,
-            target_precision=config.target_precision,
-        )
+        pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress,
+                                target_precision=config.target_precision)
         rows = aggregate(bench_pair(config, pair, name))
-        paths = write_reports(config, pair, name, rows)
+        paths = write(config, pair, name, rows)
         _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")
         results.append((name, rows, paths))
         del pair

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
 from specviz.core.kv import CachedLM
+from specviz.core.limits import DRAFTER_KINDS
 from specviz.core.sampling import SamplingConfig, logits_to_probs, sample_from
 
 
@@ -45,14 +46,35 @@ def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(q, (0, vocab_size - v))
 
 
+def draft_q(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: int) -> torch.Tensor:
+    """The draft's raw logits (V_draft,) -> q (V,): the same transform as p, fitted to the target's vocabulary."""
+    return _fit_vocab(logits_to_probs(logits, sampling), vocab_size)
+
+
+class QMemo(Protocol):
+    """Rows of q already computed per prefix (a lab drawing thousands of samples of one prompt reuses them)."""
+
+    sampling: SamplingConfig  # the settings its rows were made with (the seed aside: it changes no row)
+
+    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor: ...  # (n_last, V) q rows, draft_q applied
+
+
 class _ModelDraftSession:
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int,
-                 min_confidence: float, min_tokens: int) -> None:
-        self.lm = CachedLM(model)
+                 min_confidence: float, min_tokens: int, memo: QMemo | None) -> None:
+        self.lm = CachedLM(model) if memo is None else None  # a memo brings its own cache
+        self.memo = memo
         self.sampling = sampling
         self.vocab_size = vocab_size
         self.min_confidence = min_confidence
         self.min_tokens = min_tokens
+
+    def _q(self, seq: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q at the end of seq (V,), and the raw logits when computed here (None from a memo)."""
+        if self.memo is not None:
+            return self.memo.probs(seq, 1)[0], None
+        logits = self.lm.logits(seq, 1)[0]  # type: ignore[union-attr]  # (V_draft,)
+        return draft_q(logits, self.sampling, self.vocab_size), logits
 
     def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
         """The draft's own belief in x: q(x) when sampling; softmax(logits)(x) when q is one-hot."""
@@ -64,14 +86,13 @@ class _ModelDraftSession:
         seq = list(ids)
         rows: list[torch.Tensor] = []
         for _ in range(gamma):
-            logits = self.lm.logits(seq, 1)[0]  # (V_draft,)
-            q = _fit_vocab(logits_to_probs(logits, self.sampling), self.vocab_size)  # (V,)
+            q, logits = self._q(seq)  # (V,)
             x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
             rows.append(q)
             seq.append(x)
             # like transformers' assistant_confidence_threshold: an unsure draft stops after this token,
             # since the tokens after it would most likely be rejected anyway
-            unsure = self.min_confidence and self._confidence(logits, q, x) < self.min_confidence
+            unsure = self.min_confidence and logits is not None and self._confidence(logits, q, x) < self.min_confidence
             if unsure and len(rows) >= self.min_tokens:
                 break
         q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
@@ -80,16 +101,24 @@ class _ModelDraftSession:
 
 @dataclass(frozen=True)
 class ModelDrafter:
-    """A small causal LM drafts autoregressively with its own per-request KV cache."""
+    """A small causal LM drafts autoregressively with its own per-request KV cache (or from a memo of q)."""
 
     model: torch.nn.Module
     min_confidence: float = 0.0  # stop drafting after a token the draft itself rates below this (0 = never)
     min_tokens: int = 1  # ...but never before this many tokens (short verify passes can cost more, see make_drafter)
     name: str = "model"
+    q_memo: QMemo | None = None  # rows of q per prefix, shared by many requests of one prompt (the Same answer lab)
+
+    def __post_init__(self) -> None:
+        if self.q_memo is not None and self.min_confidence:
+            raise ValueError("a q memo keeps no logits: the confidence stop needs min_confidence = 0")
 
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
-        session = _ModelDraftSession(self.model, sampling, vocab_size, self.min_confidence, self.min_tokens)
-        session.lm.prefill(prompt_ids)
+        if self.q_memo is not None and replace(self.q_memo.sampling, seed=sampling.seed) != sampling:
+            raise ValueError("this drafter's q memo was built for other sampling settings")
+        session = _ModelDraftSession(self.model, sampling, vocab_size, self.min_confidence, self.min_tokens, self.q_memo)
+        if session.lm is not None:
+            session.lm.prefill(prompt_ids)
         return session
 
 
@@ -133,7 +162,6 @@ class NgramDrafter:
         return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)
 
 
-DRAFTER_KINDS = ("model", "ngram")
 ADAPTIVE_MIN_CONFIDENCE = 0.2  # measured best of 0.2/0.4 on qwen-coder (transformers defaults to 0.4)
 # Measured on the 2-core CPU with qwen-coder's 1.5B target, relative to a one-token step: a pass
 # over 2 or 3 new tokens costs 2.1x and 3.0x, over 4 to 17 only 1.9-2.4x (the matrix kernel for so

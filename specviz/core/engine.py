@@ -11,11 +11,8 @@ import torch
 from specviz.core.adaptive import AdaptiveGamma
 from specviz.core.drafters import Draft, Drafter
 from specviz.core.kv import CachedLM
-from specviz.core.sampling import SamplingConfig, Verdict, logits_to_probs, verify_draft
+from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs, verify_draft
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace, StopReason, TopDist
-
-# (p (γ+1, V), q (γ, V), draft tokens (γ,), generator) -> Verdict; the exact rule is verify_draft
-AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], Verdict]
 
 
 class TargetProbs(Protocol):

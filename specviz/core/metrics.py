@@ -1,18 +1,37 @@
-"""Acceptance, tokens per target call, measured c, and Leviathan's expected speed-up."""
+"""Every figure of a run, and one Comparison record of a speculative run against its target-only baseline.
+
+Two acceptances, never mixed: `acceptance_drafted` = accepted ÷ drafted (what a pupil sees: the
+guesses after a rejection count as misses), `alpha_checked` = accepted ÷ checked positions
+(Leviathan's α, the only one his formula may be fed). Leviathan's formula lives here once:
+`expected_speedup_at_cost`; every curve, page, lab, benchmark row and CLI key reads it or the record.
+"""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from specviz.core.trace import Generation, RoundTrace
 
 
-def acceptance_rate(rounds: Sequence[RoundTrace]) -> float | None:
-    """Accepted / drafted tokens (None while nothing was drafted)."""
+def acceptance_drafted(rounds: Sequence[RoundTrace]) -> float | None:
+    """Accepted / drafted tokens (None while nothing was drafted); NOT Leviathan's α, see alpha_checked."""
     drafted = sum(len(r.draft_ids) for r in rounds)
     return sum(r.n_accepted for r in rounds) / drafted if drafted else None
+
+
+def alpha_checked(rounds: Sequence[RoundTrace]) -> float | None:
+    """Leviathan's α: accepted / checked positions (accepted + first rejections).
+
+    acceptance_drafted counts the drafted tokens after a rejection as misses although nobody checked
+    them, so it falls as γ grows even when the draft is just as good; this estimate does not.
+    """
+    accepted = sum(r.n_accepted for r in rounds)
+    checked = accepted + sum(1 for r in rounds if r.n_accepted < len(r.draft_ids))
+    return accepted / checked if checked else None
 
 
 def tokens_per_target_call(rounds: Sequence[RoundTrace]) -> float | None:
@@ -21,26 +40,15 @@ def tokens_per_target_call(rounds: Sequence[RoundTrace]) -> float | None:
 
 
 def draft_ms_per_token(rounds: Sequence[RoundTrace]) -> float | None:
-    """Drafting time per drafted token."""
-    drafted = sum(len(r.draft_ids) for r in rounds)
-    return sum(r.draft_ms for r in rounds) / drafted if drafted else None
+    """Median over drafting rounds of draft ms ÷ tokens drafted that round (one cold round cannot inflate it)."""
+    costs = [r.draft_ms / len(r.draft_ids) for r in rounds if r.draft_ids]
+    return statistics.median(costs) if costs else None
 
 
 def mean_draft_length(rounds: Sequence[RoundTrace]) -> float | None:
     """Tokens drafted per drafting round: the γ actually used when drafts vary (adaptive, n-gram)."""
     drafted = [len(r.draft_ids) for r in rounds if r.draft_ids]
     return sum(drafted) / len(drafted) if drafted else None
-
-
-def checked_acceptance(rounds: Sequence[RoundTrace]) -> float | None:
-    """α per checked position: accepted / (accepted + first rejections), the α of Leviathan's formula.
-
-    acceptance_rate counts the drafted tokens after a rejection as misses although nobody checked
-    them, so it falls as γ grows even when the draft is just as good; this estimate does not.
-    """
-    accepted = sum(r.n_accepted for r in rounds)
-    checked = accepted + sum(1 for r in rounds if r.n_accepted < len(r.draft_ids))
-    return accepted / checked if checked else None
 
 
 def target_ms_per_step(baseline: Generation) -> float | None:
@@ -50,7 +58,7 @@ def target_ms_per_step(baseline: Generation) -> float | None:
 
 
 def measured_c(rounds: Sequence[RoundTrace], target_step_ms: float | None) -> float | None:
-    """c = draft ms per token / target ms per step (Leviathan's cost ratio, measured)."""
+    """c = median per-token draft cost ÷ the target step measured in the same run (Leviathan's cost ratio)."""
     per_token = draft_ms_per_token(rounds)
     if per_token is None or not target_step_ms:
         return None
@@ -64,17 +72,18 @@ def expected_tokens_per_round(alpha: float, gamma: float) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def expected_speedup(alpha: float, gamma: float, c: float) -> float:
-    """(1 - α^(γ+1)) / ((1 - α)(γc + 1)): walltime gain if a verify pass costs one target step."""
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1.0)
+def expected_speedup_at_cost(alpha: float, gamma: float, c: float, verify_cost: float = 1.0) -> float:
+    """Leviathan's speed-up E[tokens per round] / (verify_cost + γc), α = alpha_checked.
 
-
-def expected_speedup_at_cost(alpha: float, gamma: float, c: float, verify_cost: float) -> float:
-    """E[tokens per round] / (verify_cost + γc): Leviathan's speed-up when a verify pass costs `verify_cost` steps.
-
-    `expected_speedup` is the case verify_cost = 1; a measured verify cost (a CPU, or a busy batch) lowers it.
+    verify_cost is one verify pass in target steps: 1 in the paper; a measured one (a CPU, a busy
+    batch) lowers the gain.
     """
-    return expected_tokens_per_round(alpha, gamma) / (verify_cost + gamma * c)
+    return expected_tokens_per_round(alpha, gamma) / (max(verify_cost, 1e-9) + gamma * c)
+
+
+def expected_speedup(alpha: float, gamma: float, c: float) -> float:
+    """(1 - α^(γ+1)) / ((1 - α)(γc + 1)): the textbook case, a verify pass costs one target step."""
+    return expected_speedup_at_cost(alpha, gamma, c, 1.0)
 
 
 def best_gamma(alpha: float, c: float, gammas: Sequence[int] = tuple(range(1, 17))) -> int:
@@ -89,31 +98,136 @@ def measured_speedup(baseline: Generation, speculative: Generation) -> float | N
     return baseline.ms_per_token / speculative.ms_per_token
 
 
+# ------------------------------------------------------------------------------------------
+# The measured verify cost: one pass over n tokens, in target steps
+# ------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class Summary:
-    """The figures a page or the CLI shows for one speculative run (None = not measurable yet)."""
+class VerifyFit:
+    """A straight line through the measured verify costs: steps(n) = intercept + slope·n, n tokens scored."""
 
-    acceptance_rate: float | None
+    intercept: float
+    slope: float
+    max_scored: int  # largest n actually measured (beyond it the line is an extrapolation)
+
+    def steps(self, scored: float) -> float:
+        return max(self.intercept + self.slope * scored, 0.0)
+
+
+def verify_steps_by_size(rounds: Sequence[RoundTrace], step_ms: float) -> dict[int, float]:
+    """Median verify ms per pass size (tokens scored = drafted + 1), in target steps."""
+    by_size: dict[int, list[float]] = {}
+    for r in rounds:
+        by_size.setdefault(len(r.draft_ids) + 1, []).append(r.verify_ms)
+    return {n: statistics.median(ms) / step_ms for n, ms in sorted(by_size.items())}
+
+
+def fit_verify_cost(sizes: Mapping[int, float]) -> VerifyFit | None:
+    """Least-squares line through one median per pass size (each size weighs the same, however many rounds)."""
+    if len(sizes) < 2:
+        return None
+    n = np.array(list(sizes), dtype=float)
+    steps = np.array(list(sizes.values()), dtype=float)
+    slope, intercept = np.polyfit(n, steps, 1)
+    return VerifyFit(float(intercept), float(slope), int(n.max()))
+
+
+def verify_fit_of(baseline: Generation, rounds: Sequence[RoundTrace]) -> VerifyFit | None:
+    """The fit through the baseline's one-token steps and these rounds' verify passes (same run, same machine)."""
+    step = target_ms_per_step(baseline)
+    return fit_verify_cost(verify_steps_by_size(list(baseline.rounds) + list(rounds), step)) if step else None
+
+
+def speedup_with_verify_cost(alpha: float, gamma: float, c: float, fit: VerifyFit) -> float:
+    """Leviathan's speed-up with the fitted cost of a (γ+1)-token verify pass in place of 1 target step."""
+    return expected_speedup_at_cost(alpha, gamma, c, fit.steps(gamma + 1))
+
+
+# ------------------------------------------------------------------------------------------
+# The one comparison record
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two greedy runs first part: the position and both tokens (None past a run's end)."""
+
+    position: int  # 0-based index into the new tokens
+    spec_token: int | None
+    baseline_token: int | None
+
+
+def first_divergence(spec: Sequence[int], baseline: Sequence[int]) -> Divergence | None:
+    """The first position where the token lists differ (a length difference counts), or None."""
+    for i, (a, b) in enumerate(zip(spec, baseline)):
+        if a != b:
+            return Divergence(i, a, b)
+    if len(spec) == len(baseline):
+        return None
+    i = min(len(spec), len(baseline))
+    return Divergence(i, spec[i] if i < len(spec) else None, baseline[i] if i < len(baseline) else None)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A speculative run against its target-only twin: every figure a page, lab, bench row or CLI shows.
+
+    None = not measurable (no baseline yet, nothing drafted). The baseline fields need `baseline`.
+    """
+
+    drafted: int
+    accepted: int
+    acceptance_drafted: float | None  # accepted ÷ drafted: what the Watch page shows as "acceptance"
+    alpha_checked: float | None  # accepted ÷ checked: Leviathan's α, the only α the formulas read
     tokens_per_target_call: float | None
-    ms_per_token: float
-    gamma: float  # the configured γ, or the mean drafted per drafting round when adaptive
-    c: float | None = None
-    expected_speedup: float | None = None
-    speedup: float | None = None
+    ms_per_token: float  # the speculative run's decode ms per new token
+    gamma: float  # the configured γ, or the mean drafted per drafting round when adaptive / n-gram
     baseline_ms_per_token: float | None = None
+    target_step_ms: float | None = None  # median one-token step of the baseline
+    draft_ms_per_token: float | None = None  # median per-round draft ms ÷ tokens drafted
+    c: float | None = None  # draft_ms_per_token ÷ target_step_ms
+    speedup: float | None = None  # measured: baseline ms/token ÷ speculative ms/token
+    expected_speedup: float | None = None  # textbook Leviathan from alpha_checked, γ, c (verify = 1 step)
+    verify_steps: float | None = None  # measured cost of a (γ+1)-token verify pass, in target steps
+    expected_speedup_measured_verify: float | None = None  # Leviathan with verify_steps in place of 1
+    identical: bool | None = None  # greedy only: the same tokens as the baseline
+    divergence: Divergence | None = None  # greedy only: where they first differ
+
+    @property
+    def first_divergence(self) -> int | None:
+        return self.divergence.position if self.divergence else None
 
 
-def summarize(spec: Generation, baseline: Generation | None = None) -> Summary:
-    """All figures of a run, with the baseline-derived ones when a baseline is given."""
-    alpha = acceptance_rate(spec.rounds)
-    gamma: float = spec.config.gamma
+def effective_gamma(spec: Generation) -> float:
+    """The configured γ, or the mean drafted per drafting round where drafts vary (adaptive, n-gram)."""
     if spec.config.adaptive or spec.drafter == "ngram":
-        gamma = mean_draft_length(spec.rounds) or 0.0
+        return mean_draft_length(spec.rounds) or 0.0
+    return float(spec.config.gamma)
+
+
+def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:
+    """All figures of a speculative run, and the baseline-derived ones when its target-only twin is given."""
+    rounds = spec.rounds
+    alpha, gamma = alpha_checked(rounds), effective_gamma(spec)
+    own = dict(drafted=spec.drafted, accepted=spec.accepted, acceptance_drafted=acceptance_drafted(rounds),
+               alpha_checked=alpha, tokens_per_target_call=tokens_per_target_call(rounds),
+               ms_per_token=spec.ms_per_token, gamma=gamma, draft_ms_per_token=draft_ms_per_token(rounds))
     if baseline is None:
-        return Summary(alpha, tokens_per_target_call(spec.rounds), spec.ms_per_token, gamma)
-    c = measured_c(spec.rounds, target_ms_per_step(baseline))
-    expected = expected_speedup(alpha, gamma, c) if alpha is not None and c is not None and gamma else None
-    return Summary(
-        alpha, tokens_per_target_call(spec.rounds), spec.ms_per_token, gamma,
-        c, expected, measured_speedup(baseline, spec), baseline.ms_per_token,
+        return Comparison(**own)
+    step = target_ms_per_step(baseline)
+    c = measured_c(rounds, step)
+    fit = verify_fit_of(baseline, rounds)
+    verify = fit.steps(gamma + 1) if fit and gamma else None
+    known = alpha is not None and c is not None and gamma > 0
+    greedy = spec.config.sampling.greedy
+    return Comparison(
+        **own, baseline_ms_per_token=baseline.ms_per_token, target_step_ms=step, c=c,
+        speedup=measured_speedup(baseline, spec),
+        expected_speedup=expected_speedup(alpha, gamma, c) if known else None,  # type: ignore[arg-type]
+        verify_steps=verify,
+        expected_speedup_measured_verify=(
+            expected_speedup_at_cost(alpha, gamma, c, verify) if known and verify is not None else None),  # type: ignore[arg-type]
+        identical=(spec.tokens == baseline.tokens) if greedy else None,
+        divergence=first_divergence(spec.tokens, baseline.tokens) if greedy else None,
     )

@@ -1,11 +1,18 @@
-"""Logits -> probabilities (temperature, top-k, top-p) and the speculative acceptance rule."""
+"""Logits -> probabilities (temperature, top-k, top-p) and the acceptance rules.
+
+`verify_draft` is THE rule (exact: the output follows the target's law). `TopKShortcut` is a
+deliberately WRONG rule, kept beside it only so the Same answer lab can show a test catching it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from specviz.core.limits import check_sampling
 
 Mode = Literal["greedy", "sample"]
 Origin = Literal["correction", "bonus"]
@@ -22,14 +29,7 @@ class SamplingConfig:
     seed: int = 0  # seeds the torch.Generator of one request; uniforms are recorded for replay
 
     def __post_init__(self) -> None:
-        if self.mode not in ("greedy", "sample"):
-            raise ValueError(f"mode must be 'greedy' or 'sample', not {self.mode!r}")
-        if self.mode == "sample" and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        check_sampling(self.mode, self.temperature, self.top_p, self.top_k)
 
     @property
     def greedy(self) -> bool:
@@ -84,7 +84,7 @@ class Verdict:
 def verify_draft(
     p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator
 ) -> Verdict:
-    """The speculative sampling rule (Leviathan et al. 2022; Chen et al. 2023).
+    """THE acceptance rule, exact: speculative sampling (Leviathan et al. 2022; Chen et al. 2023).
 
     Letters never switch in specviz: `p` is always the TARGET, `q` always the DRAFT.
     p: (γ+1, V) target probs at each drafted position and one after; q: (γ, V) draft probs;
@@ -109,6 +109,44 @@ def verify_draft(
         residual, origin = p[gamma], "bonus"
     next_token = sample_from(residual, generator)
     return Verdict(n, next_token, origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
+
+
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator], Verdict]  # verify_draft's signature
+RuleName = Literal["exact", "topk"]
+
+
+@dataclass(frozen=True)
+class TopKShortcut:
+    """DELIBERATELY WRONG (lossy) rule, for the Same answer lab only: accept x_i whenever it is in p_i's top k.
+
+    On the first rejection the correction is drawn from p itself (no residual), and a bonus from
+    p after a fully accepted draft. Tokens the draft likes and the target ranks highly come out
+    too often; the lab's goodness-of-fit test catches it. Same signature and letters as verify_draft.
+    """
+
+    k: int = 3
+
+    def __call__(self, p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator) -> Verdict:
+        gamma = draft_tokens.shape[0]
+        idx = torch.arange(gamma, device=p.device)
+        p_x = p[idx, draft_tokens]  # (γ,)
+        kth = torch.topk(p[:gamma], min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # (γ,) k-th largest p
+        accept = ((p_x >= kth) & (p_x > 0)).float()  # (γ,) 1 inside the top k, 0 outside
+        u = torch.rand(gamma, generator=generator, device=p.device)  # (γ,) drawn only to keep the trace's shape
+        rejected = (u >= accept).nonzero()
+        n = int(rejected[0]) if rejected.numel() else gamma
+        residual = p[n]  # the shortcut: just let the target pick, ignoring what the draft already took
+        origin: Origin = "correction" if n < gamma else "bonus"
+        return Verdict(n, sample_from(residual, generator), origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
+
+
+def acceptance_rule(rule: RuleName, k: int = 3) -> AcceptRule:
+    """An acceptance rule by name: "exact" (verify_draft) or "topk" (the lossy shortcut, top-k with this k)."""
+    if rule == "exact":
+        return verify_draft
+    if rule == "topk":
+        return TopKShortcut(k)
+    raise ValueError(f"unknown rule {rule!r}")
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:

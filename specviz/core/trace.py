@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specviz.core.limits import GAMMA_RANGE, check_gamma, check_max_new_tokens  # noqa: F401 (GAMMA_RANGE: the bound of the config)
 from specviz.core.sampling import SamplingConfig
 
 NextOrigin = Literal["correction", "bonus", "target"]
 StopReason = Literal["eos", "max_new_tokens"]
-GAMMA_RANGE = (1, 16)
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,8 @@ class GenerationConfig:
     stop_at_eos: bool = True  # stop at the tokenizer's end ids
 
     def __post_init__(self) -> None:
-        lo, hi = GAMMA_RANGE
-        if not lo <= self.gamma <= hi:
-            raise ValueError(f"gamma (draft length) must be in {lo}..{hi}, got {self.gamma}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check_gamma(self.gamma)
+        check_max_new_tokens(self.max_new_tokens)
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from specviz.core import metrics
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.trace import GAMMA_RANGE, Generation, GenerationConfig, RoundTrace
+from specviz.core.metrics import VerifyFit, speedup_with_verify_cost, verify_steps_by_size
+from specviz.core.limits import GAMMA_RANGE, check_gamma
+from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
+from specviz.app.settings import MAX_NEW_RANGE
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
@@ -35,11 +35,12 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if not self.gammas:
             raise ValueError("choose at least one γ to measure")
-        lo, hi = GAMMA_RANGE
-        if any(not lo <= g <= hi for g in self.gammas):
-            raise ValueError(f"every γ must be in {lo}..{hi}, got {self.gammas}")
+        for g in self.gammas:
+            check_gamma(g)
         if tuple(sorted(set(self.gammas))) != self.gammas:
             raise ValueError(f"γ values must be sorted and unique, got {self.gammas} (use make_sweep_config)")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_RANGE[1]:  # the app's bound, held here on the server too
+            raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {self.max_new_tokens}")
 
     def spec_config(self, gamma: int) -> GenerationConfig:
         """Fixed γ, never adaptive: the lab asks what each γ does on its own."""
@@ -65,26 +66,14 @@ class GammaPoint:
 
     gamma: int
     acceptance: float | None  # accepted / drafted (as on the Watch page)
-    alpha: float | None  # accepted / checked positions (metrics.checked_acceptance)
+    alpha: float | None  # accepted / checked positions (metrics.alpha_checked)
     tokens_per_round: float | None  # new tokens per target pass
-    c: float | None  # draft ms per drafted token / target ms per step
+    c: float | None  # median draft ms per drafted token / target ms per step
     speedup: float | None  # baseline ms/token ÷ this run's ms/token (decode only)
     ms_per_token: float
     verify_steps: float | None  # median verify pass that scored γ + 1 tokens, in target steps
     new_tokens: int
     identical: bool | None  # greedy only: the same tokens as the baseline
-
-
-@dataclass(frozen=True)
-class VerifyFit:
-    """A straight line through the measured verify costs: steps(n) = intercept + slope·n, n tokens scored."""
-
-    intercept: float
-    slope: float
-    max_scored: int  # largest n actually measured (beyond it the line is an extrapolation)
-
-    def steps(self, scored: int) -> float:
-        return max(self.intercept + self.slope * scored, 0.0)
 
 
 @dataclass(frozen=True)
@@ -129,48 +118,26 @@ def leviathan_curves(alpha: float, c: float, gammas: Sequence[int] = CURVE_GAMMA
     )
 
 
-def speedup_with_verify_cost(alpha: float, gamma: int, c: float, fit: VerifyFit) -> float:
-    """Leviathan's speed-up with the measured cost of a (γ+1)-token verify pass in place of 1 target step."""
-    return metrics.expected_tokens_per_round(alpha, gamma) / (gamma * c + max(fit.steps(gamma + 1), 1e-9))
-
-
 def verify_cost_curve(alpha: float, c: float, fit: VerifyFit, gammas: Sequence[int] = CURVE_GAMMAS) -> tuple[float, ...]:
+    """Leviathan's speed-up at every γ with the fitted verify cost in place of one target step."""
     return tuple(speedup_with_verify_cost(alpha, g, c, fit) for g in gammas)
 
 
-def verify_steps_by_size(rounds: Sequence[RoundTrace], step_ms: float) -> dict[int, float]:
-    """Median verify ms per pass size (tokens scored = drafted + 1), in target steps."""
-    by_size: dict[int, list[float]] = {}
-    for r in rounds:
-        by_size.setdefault(len(r.draft_ids) + 1, []).append(r.verify_ms)
-    return {n: statistics.median(ms) / step_ms for n, ms in sorted(by_size.items())}
-
-
-def fit_verify_cost(sizes: dict[int, float]) -> VerifyFit | None:
-    """Least-squares line through one median per pass size (each size weighs the same, however many rounds)."""
-    if len(sizes) < 2:
-        return None
-    n = np.array(list(sizes), dtype=float)
-    steps = np.array(list(sizes.values()), dtype=float)
-    slope, intercept = np.polyfit(n, steps, 1)
-    return VerifyFit(float(intercept), float(slope), int(n.max()))
-
-
 def _point(gamma: int, gen: Generation, baseline: Generation, step_ms: float | None) -> GammaPoint:
-    full = [r for r in gen.rounds if len(r.draft_ids) == gamma]  # rounds cut short by the token budget are left out
-    verify = statistics.median(r.verify_ms for r in full) / step_ms if full and step_ms else None
-    greedy = gen.config.sampling.greedy
+    cmp = metrics.compare(gen, baseline)
+    # rounds cut short by the token budget score fewer tokens: only full (γ+1)-token passes count here
+    verify = verify_steps_by_size(gen.rounds, step_ms).get(gamma + 1) if step_ms else None
     return GammaPoint(
         gamma=gamma,
-        acceptance=metrics.acceptance_rate(gen.rounds),
-        alpha=metrics.checked_acceptance(gen.rounds),
-        tokens_per_round=metrics.tokens_per_target_call(gen.rounds),
-        c=metrics.measured_c(gen.rounds, step_ms),
-        speedup=metrics.measured_speedup(baseline, gen),
+        acceptance=cmp.acceptance_drafted,
+        alpha=cmp.alpha_checked,
+        tokens_per_round=cmp.tokens_per_target_call,
+        c=cmp.c,
+        speedup=cmp.speedup,
         ms_per_token=gen.ms_per_token,
         verify_steps=verify,
         new_tokens=len(gen.tokens),
-        identical=(gen.tokens == baseline.tokens) if greedy else None,
+        identical=cmp.identical,
     )
 
 
@@ -178,16 +145,15 @@ def summarize_sweep(config: SweepConfig, baseline: Generation, runs: Sequence[tu
     """Every figure of the lab from the recorded runs (pure: no model)."""
     step = metrics.target_ms_per_step(baseline)
     rounds = [r for _, gen in runs for r in gen.rounds]
-    sizes = verify_steps_by_size(list(baseline.rounds) + rounds, step) if step else {}
     return Sweep(
         config=config,
         target_step_ms=step,
         baseline_ms_per_token=baseline.ms_per_token,
         baseline_tokens=len(baseline.tokens),
-        alpha=metrics.checked_acceptance(rounds),
-        acceptance=metrics.acceptance_rate(rounds),
+        alpha=metrics.alpha_checked(rounds),
+        acceptance=metrics.acceptance_drafted(rounds),
         c=metrics.measured_c(rounds, step),
-        verify_fit=fit_verify_cost(sizes),
+        verify_fit=metrics.verify_fit_of(baseline, rounds),
         points=tuple(_point(g, gen, baseline, step) for g, gen in runs),
     )
 

@@ -7,30 +7,30 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from scipy.stats import chi2 as chi2_dist
 from scipy.stats import chisquare
 
-from specviz.core.drafters import Draft, Drafter, DraftSession, NgramDrafter, _fit_vocab
-from specviz.core.engine import AcceptRule, TokenTexts, autoregressive_generate, speculative_generate
-from specviz.core.trace import GenerationConfig
+from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, draft_q
+from specviz.core.engine import TokenTexts, autoregressive_generate, speculative_generate
+from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.kv import CachedLM
+from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_samples  # noqa: F401 (the page's ranges)
+from specviz.core.metrics import first_divergence
 from specviz.core.progress import Progress, drain, with_progress
-from specviz.core.sampling import SamplingConfig, Verdict, logits_to_probs, sample_from, verify_draft
+from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, logits_to_probs
 
-RuleName = Literal["exact", "topk"]
 RULE_TITLES: dict[str, str] = {
     "exact": "exact rule: accept with min(1, p/q), correct from the residual",
     "topk": "wrong rule: accept whenever the target ranks the guess in its top k, correct from p",
 }
-TOKENS_RANGE = (1, 3)  # how many next tokens one sample is made of
-SAMPLES_RANGE = (100, 5000)
+TOKENS_RANGE = SAMPLE_TOKENS_RANGE  # how many next tokens one sample is made of (the page's slider)
+TOP_K_RANGE = (1, 10)  # the wrong rule's k: beyond 10 the shortcut barely differs from "accept everything"
 MIN_EXPECTED = 5.0  # chi-square bins need this many expected draws; rarer sequences pool into "other"
 MAX_BINS = 400  # enough for 5000 draws at 5 expected each (the test stays valid, the enumeration bounded)
 MEMO_BYTES = 256 * 2**20  # per memo: ~1300 rows of SmolLM2's 49k vocabulary, ~440 of Qwen's 152k
-OTHER = "other"
 
 
 # ------------------------------------------------------------------------------------------
@@ -64,12 +64,8 @@ class GreedyComparison:
     @property
     def first_divergence(self) -> int | None:
         """0-based position of the first differing token (a length difference counts), or None."""
-        for i, (a, b) in enumerate(zip(self.spec_tokens, self.plain_tokens)):
-            if a != b:
-                return i
-        if len(self.spec_tokens) != len(self.plain_tokens):
-            return min(len(self.spec_tokens), len(self.plain_tokens))
-        return None
+        d = first_divergence(self.spec_tokens, self.plain_tokens)
+        return d.position if d else None
 
     @property
     def n_compared(self) -> int:
@@ -119,9 +115,10 @@ class PrefixMemo:
     """
 
     def __init__(self, model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor],
-                 max_bytes: int = MEMO_BYTES) -> None:
+                 max_bytes: int = MEMO_BYTES, sampling: SamplingConfig | None = None) -> None:
         self.lm = CachedLM(model)
         self.transform = transform  # raw logits row (V,) -> the distribution the rule sees (V,)
+        self.sampling = sampling  # the settings `transform` applies (ModelDrafter checks them against a request's)
         self.max_bytes = max_bytes
         self.rows: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self.bytes = 0
@@ -163,82 +160,17 @@ class PrefixMemo:
 
 def target_memo(target: torch.nn.Module, sampling: SamplingConfig, max_bytes: int = MEMO_BYTES) -> PrefixMemo:
     """The target's p per prefix, processed exactly as the engine processes it (logits_to_probs)."""
-    return PrefixMemo(target, lambda row: logits_to_probs(row, sampling), max_bytes)
+    return PrefixMemo(target, lambda row: logits_to_probs(row, sampling), max_bytes, sampling)
 
 
-class _MemoDraftSession:
-    def __init__(self, memo: PrefixMemo, sampling: SamplingConfig, vocab_size: int) -> None:
-        self.memo = memo
-        self.sampling = sampling
-        self.vocab_size = vocab_size
-
-    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
-        """ModelDrafter's law: each guess x ~ q at its prefix, q the draft's processed distribution."""
-        seq = list(ids)
-        rows: list[torch.Tensor] = []
-        for _ in range(gamma):
-            q = self.memo.probs(seq, 1)[0]  # (V,) already processed by the memo's transform
-            x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
-            rows.append(q)
-            seq.append(x)
-        q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
-        return Draft(tuple(seq[len(ids):]), q_all)
+def draft_memo(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: int, max_bytes: int = MEMO_BYTES) -> PrefixMemo:
+    """The draft's q per prefix, made exactly as ModelDrafter makes it (drafters.draft_q)."""
+    return PrefixMemo(draft, lambda row: draft_q(row, sampling, vocab_size), max_bytes, sampling)
 
 
-class MemoDrafter:
-    """The draft model as ModelDrafter uses it (no confidence cut-off), reading q from a PrefixMemo."""
-
-    name = "model"
-
-    def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int,
-                 max_bytes: int = MEMO_BYTES) -> None:
-        self.sampling = sampling
-        # store q itself: the same transform ModelDrafter applies (process, then fit to the target's vocabulary)
-        self.memo = PrefixMemo(model, lambda row: _fit_vocab(logits_to_probs(row, sampling), vocab_size), max_bytes)
-
-    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
-        if sampling != replace(self.sampling, seed=sampling.seed):
-            raise ValueError("MemoDrafter was built for other sampling settings")
-        return _MemoDraftSession(self.memo, sampling, vocab_size)
-
-
-# ------------------------------------------------------------------------------------------
-# The deliberately wrong rule
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TopKShortcut:
-    """A LOSSY acceptance rule for the lesson: accept x_i whenever it is in the target's top k at i.
-
-    On the first rejection the correction is drawn from p itself (no residual), and a bonus from
-    p after a fully accepted draft. Tokens the draft likes and the target ranks highly come out
-    too often; the goodness-of-fit test should catch it. Same signature as verify_draft.
-    """
-
-    k: int = 3
-
-    def __call__(self, p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator) -> Verdict:
-        gamma = draft_tokens.shape[0]
-        idx = torch.arange(gamma, device=p.device)
-        p_x = p[idx, draft_tokens]  # (γ,)
-        kth = torch.topk(p[:gamma], min(self.k, p.shape[-1]), dim=-1).values[:, -1]  # (γ,) k-th largest p
-        accept = ((p_x >= kth) & (p_x > 0)).float()  # (γ,) 1 inside the top k, 0 outside
-        u = torch.rand(gamma, generator=generator, device=p.device)  # (γ,) drawn only to keep the trace's shape
-        rejected = (u >= accept).nonzero()
-        n = int(rejected[0]) if rejected.numel() else gamma
-        residual = p[n]  # the shortcut: just let the target pick, ignoring what the draft already took
-        origin = "correction" if n < gamma else "bonus"
-        return Verdict(n, sample_from(residual, generator), origin, tuple(accept.tolist()), tuple(u.tolist()), residual)
-
-
-def acceptance_rule(rule: RuleName, k: int) -> AcceptRule:
-    """The engine's acceptance rule by name: the exact one, or the top-k shortcut."""
-    if rule == "exact":
-        return verify_draft
-    if rule == "topk":
-        return TopKShortcut(k)
-    raise ValueError(f"unknown rule {rule!r}")
+def memo_drafter(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: int) -> ModelDrafter:
+    """The real ModelDrafter (no confidence stop), reading q from a memo shared by every sample of one prompt."""
+    return ModelDrafter(draft, q_memo=draft_memo(draft, sampling, vocab_size))
 
 
 # ------------------------------------------------------------------------------------------
@@ -257,11 +189,7 @@ class SampleConfig:
     def __post_init__(self) -> None:
         if self.sampling.greedy:
             raise ValueError("the distribution test needs sampling (temperature > 0), not greedy decoding")
-        lo, hi = TOKENS_RANGE
-        if not lo <= self.n_tokens <= hi:
-            raise ValueError(f"tokens per sample must be in {lo}..{hi}, got {self.n_tokens}")
-        if self.n_samples < 1:
-            raise ValueError(f"the number of samples must be >= 1, got {self.n_samples}")
+        check_samples(self.n_samples, self.n_tokens)
 
 
 @dataclass(frozen=True)
@@ -272,6 +200,13 @@ class SpecConfig:
     drafter: str = "model"  # "model" or "ngram"
     rule: RuleName = "exact"
     top_k: int = 3  # only for the "topk" rule
+
+    def __post_init__(self) -> None:
+        lo, hi = GAMMA_RANGE
+        if not lo <= self.gamma <= hi:
+            raise ValueError(f"gamma must be in {lo}..{hi}, got {self.gamma}")
+        if self.rule == "topk" and not TOP_K_RANGE[0] <= self.top_k <= TOP_K_RANGE[1]:
+            raise ValueError(f"k must be in {TOP_K_RANGE[0]}..{TOP_K_RANGE[1]}, got {self.top_k}")
 
 
 @dataclass(frozen=True)
@@ -401,8 +336,8 @@ def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, toke
     if spec.drafter == "model":
         if draft is None:
             raise ValueError("this pair has no draft model; choose the n-gram drafter")
-        drafter = MemoDrafter(draft, cfg.sampling, vocab)
-        memos = [memo, drafter.memo]
+        drafter = memo_drafter(draft, cfg.sampling, vocab)
+        memos = [memo, drafter.q_memo]
     else:
         drafter, memos = NgramDrafter(), [memo]
     rule = acceptance_rule(spec.rule, spec.top_k)
@@ -482,56 +417,3 @@ def histogram_rows(law: ExactLaw, target: SampleCounts, spec: SampleCounts, top:
     if max(rest) > 1e-9:
         rows.append(HistogramRow((), max(0.0, rest[0]), max(0.0, rest[1]), max(0.0, rest[2])))
     return tuple(rows)
-
-
-# ------------------------------------------------------------------------------------------
-# Command line: the page's measurement on a real pair, printed (python -m specviz.labs.same_answer)
-# ------------------------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Print greedy identity and the sampling test (exact rule and top-k shortcut) for one pair and prompt."""
-    import argparse
-
-    from specviz.core.drafters import make_drafter
-    from specviz.models import load_pair
-    from specviz.presets import get_preset
-
-    ap = argparse.ArgumentParser(prog="python -m specviz.labs.same_answer", description=main.__doc__)
-    ap.add_argument("--pair", default="smollm2-135m")
-    ap.add_argument("--preset", default="story")
-    ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--tokens", type=int, default=2)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--greedy-tokens", type=int, default=64)
-    a = ap.parse_args(argv)
-    pair = load_pair(a.pair)
-    prompt = get_preset(a.preset).prompt  # type: ignore[union-attr]
-    ids = list(pair.tokenizer(prompt)["input_ids"])
-    gcfg = GenerationConfig(max_new_tokens=a.greedy_tokens, gamma=a.gamma, sampling=SamplingConfig("greedy"))
-    t0 = time.perf_counter()
-    cmp = drain(greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg, pair.eos_ids))
-    print(f"pair {a.pair}, preset {a.preset!r}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, identical={cmp.identical}, "
-          f"first divergence={cmp.first_divergence} ({time.perf_counter() - t0:.1f} s)", flush=True)
-    cfg = SampleConfig(SamplingConfig("sample", a.temperature, top_p=a.top_p, seed=a.seed), a.samples, a.tokens)
-    t0 = time.perf_counter()
-    ref = drain(reference_job(pair.target, pair.tokenizer, ids, cfg))
-    fit = fit_test(ref.law, ref.target)
-    print(f"N={a.samples}, {a.tokens} tokens, T={a.temperature}, top-p={a.top_p}, seed={a.seed}: exact law {len(ref.law.sequences)} "
-          f"bins covering {ref.law.covered:.3f}; target alone {time.perf_counter() - t0:.1f} s: chi2={fit.chi2:.1f} "
-          f"dof={fit.dof} p={fit.pvalue:.3g} TV={fit.tv:.4f}", flush=True)
-    for rule in ("exact", "topk"):
-        t0 = time.perf_counter()
-        counts = drain(speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, SpecConfig(a.gamma, "model", rule, a.k)))
-        fit = fit_test(ref.law, counts)
-        name = "exact rule" if rule == "exact" else f"top-{a.k} shortcut"
-        print(f"speculative, {name}: {time.perf_counter() - t0:.1f} s, accepted {counts.accepted}/{counts.drafted}: "
-              f"chi2={fit.chi2:.1f} dof={fit.dof} p={fit.pvalue:.3g} (log10 p = {fit.log10_p:.1f}) TV={fit.tv:.4f}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specviz.core import metrics
-from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME, safe_name
+from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME
+from specviz.bench.report import safe_name
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.app.settings import prompt_problem
+from specviz.app.settings import MAX_NEW_RANGE, prompt_problem
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -78,6 +79,11 @@ class WorkloadsConfig:
     baseline: GenerationConfig  # the same decoding, target alone
     presets: tuple[Preset, ...] = PRESETS  # the workloads, in display order
 
+    def __post_init__(self) -> None:
+        for cfg in (self.spec, self.baseline):  # the app's bound, held here on the server too
+            if cfg.max_new_tokens > MAX_NEW_RANGE[1]:
+                raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {cfg.max_new_tokens}")
+
     @property
     def runs(self) -> int:
         return 2 * len(self.presets)
@@ -94,14 +100,15 @@ def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
 
 
 def _row(preset: Preset, spec: Generation, baseline: Generation) -> WorkloadRow:
+    cmp = metrics.compare(spec, baseline)
     return WorkloadRow(
         workload=preset.id, title=preset.title, group=preset.group,
-        speedup=metrics.measured_speedup(baseline, spec),
-        acceptance=metrics.acceptance_rate(spec.rounds),
-        tokens_per_round=metrics.tokens_per_target_call(spec.rounds),
+        speedup=cmp.speedup,
+        acceptance=cmp.acceptance_drafted,
+        tokens_per_round=cmp.tokens_per_target_call,
         ms_per_token=spec.ms_per_token, baseline_ms_per_token=baseline.ms_per_token,
         new_tokens=float(len(spec.tokens)),
-        identical=(spec.tokens == baseline.tokens) if spec.config.sampling.greedy else None,
+        identical=cmp.identical,
     )
 
 
@@ -214,7 +221,8 @@ def read_bench(path: Path) -> BenchFile:
     try:
         frame = pd.read_csv(path)
     except (OSError, ValueError) as exc:
-        raise BenchReadError(f"{path.name} could not be read: {exc}") from exc
+        # the reason (it may hold the server's path) stays in the traceback for the log, not in the page's line
+        raise BenchReadError(f"{path.name} could not be read as a table") from exc
     missing = [c for c in NEEDED_COLUMNS + ("pair",) if c not in frame.columns]
     if missing:
         raise BenchReadError(f"{path.name} is not a `specviz bench` file (missing {', '.join(missing)}; "

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,12 +18,10 @@ from transformers import DynamicCache
 
 from specviz.core.drafters import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.limits import REPEATS_RANGE, check_gamma, check_repeats  # noqa: F401 (the page's range)
+from specviz.core.trace import GenerationConfig
 from specviz.core.progress import Progress, drain, with_progress
-from specviz.core.metrics import (
-    acceptance_rate, expected_speedup_at_cost, measured_c, measured_speedup, target_ms_per_step,
-    tokens_per_target_call,
-)
+from specviz.core.metrics import compare, expected_speedup_at_cost
 from specviz.core.sampling import SamplingConfig
 
 # A fixed context, prefilled once into the KV cache before any timed pass (about 90 tokens of code):
@@ -45,10 +41,9 @@ CONTEXT = (
 )
 PASS_KS: tuple[int, ...] = (1, 2, 4, 8, 16)
 BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8)
-REPEATS_RANGE = (1, 15)
 NOISY_SPREAD = 1.5  # slowest ÷ fastest repeat above this: something else used the machine during the run
 MEMORY_RESERVE = 1 << 30  # bytes a batch must leave free: the app, the browser and other sessions share RAM
-# Where GPU figures measured with this same code go (`python -m specviz.labs.why_cheap --device cuda --json`).
+# Where GPU figures measured with this same code go (`python -m specviz why-cheap --device cuda --json`).
 GPU_FIGURES = Path(__file__).resolve().parents[2] / "assets" / "verify_cost_gpu.json"
 
 Ids = Sequence[int]
@@ -65,14 +60,6 @@ def spread(times: Sequence[Sequence[float]]) -> float:
     return max((max(t) / min(t) for t in times if t and min(t) > 0), default=1.0)
 
 
-def _check_repeats(repeats: int, warmup: int) -> None:
-    lo, hi = REPEATS_RANGE
-    if not lo <= repeats <= hi:
-        raise ValueError(f"repeats must be in {lo}..{hi}, got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-
-
 @dataclass(frozen=True)
 class PassCostConfig:
     """What the pass-cost measurement times."""
@@ -83,7 +70,7 @@ class PassCostConfig:
     prompt: str = CONTEXT  # fixed context prefilled once into the KV cache
 
     def __post_init__(self) -> None:
-        _check_repeats(self.repeats, self.warmup)
+        check_repeats(self.repeats, self.warmup)
         if 1 not in self.ks or any(k < 1 for k in self.ks) or list(self.ks) != sorted(set(self.ks)):
             raise ValueError(f"ks must be increasing positive counts that include 1, got {self.ks}")
 
@@ -101,10 +88,8 @@ class BatchConfig:
     prompt: str = CONTEXT
 
     def __post_init__(self) -> None:
-        _check_repeats(self.repeats, self.warmup)
-        lo, hi = GAMMA_RANGE
-        if not lo <= self.gamma <= hi:
-            raise ValueError(f"gamma must be in {lo}..{hi}, got {self.gamma}")
+        check_repeats(self.repeats, self.warmup)
+        check_gamma(self.gamma)
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes) or list(self.batch_sizes) != sorted(
                 set(self.batch_sizes)):
             raise ValueError(f"batch sizes must be increasing positive counts, got {self.batch_sizes}")
@@ -165,14 +150,26 @@ class BatchPoint:
     draft_ms: tuple[float, ...]  # draft, 1 new token per sequence
 
     @property
+    def step_median_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+    @property
+    def verify_median_ms(self) -> float:
+        return statistics.median(self.verify_ms)
+
+    @property
+    def draft_median_ms(self) -> float:
+        return statistics.median(self.draft_ms)
+
+    @property
     def verify_ratio(self) -> float:
         """The verify pass in target steps at this batch size (Leviathan's model assumes 1)."""
-        return statistics.median(self.verify_ms) / statistics.median(self.step_ms)
+        return self.verify_median_ms / self.step_median_ms
 
     @property
     def draft_ratio(self) -> float:
         """Draft step ÷ target step at this batch size, from timed passes."""
-        return statistics.median(self.draft_ms) / statistics.median(self.step_ms)
+        return self.draft_median_ms / self.step_median_ms
 
 
 @dataclass(frozen=True)
@@ -183,8 +180,8 @@ class BatchEffect:
     machine: Machine
     gamma: int
     context_tokens: int
-    alpha: float | None  # acceptance rate of the short real speculative run (batch 1)
-    c: float | None  # measured c of that run: draft ms per token ÷ target ms per step
+    alpha: float | None  # Leviathan's α (accepted ÷ checked) of the short real speculative run (batch 1)
+    c: float | None  # measured c of that run: median draft ms per token ÷ target ms per step
     run_speedup: float | None  # that run's measured walltime speed-up over its plain twin (batch 1, real)
     run_tokens_per_call: float | None
     points: tuple[BatchPoint, ...]
@@ -387,10 +384,10 @@ def measure_batch_effect(target: torch.nn.Module, draft: torch.nn.Module, tokeni
         point = yield from _time_batch(target, draft, ids, b, verify_k, config, done, total)
         points.append(point)
         done += rounds * 3
-    alpha = acceptance_rate(spec.rounds)
+    cmp = compare(spec, plain)  # Leviathan's α (checked positions), not the drafted acceptance
     return BatchEffect(
-        pair, machine_of(device), config.gamma, len(ids), alpha, measured_c(spec.rounds, target_ms_per_step(plain)),
-        measured_speedup(plain, spec), tokens_per_target_call(spec.rounds), tuple(points), stopped,
+        pair, machine_of(device), config.gamma, len(ids), cmp.alpha_checked, cmp.c,
+        cmp.speedup, cmp.tokens_per_target_call, tuple(points), stopped,
     )
 
 
@@ -439,6 +436,7 @@ def batch_effect_to_dict(e: BatchEffect) -> dict[str, Any]:
         "points": [{
             "batch": p.batch, "step_ms": [_r(t) for t in p.step_ms], "verify_ms": [_r(t) for t in p.verify_ms],
             "draft_ms": [_r(t) for t in p.draft_ms], "verify_ratio": _r(p.verify_ratio),
+            "step_median_ms": _r(p.step_median_ms), "verify_median_ms": _r(p.verify_median_ms),
             "c": _r(e.c_at(p)), "expected_speedup": _r(e.speedup_at(p)),
         } for p in e.points],
     }
@@ -477,98 +475,3 @@ def load_reference(path: Path = GPU_FIGURES) -> Reference | None:
     pc, be = d.get("pass_cost"), d.get("batch_effect")
     return Reference(pass_cost_from_dict(pc) if pc else None, batch_effect_from_dict(be) if be else None,
                      str(d.get("note", "")))
-
-
-# ------------------------------------------------------------------------------------------
-# Command line: python -m specviz.labs.why_cheap --pair qwen-coder --device cpu --json
-# ------------------------------------------------------------------------------------------
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from specviz.cli import _Parser
-
-    p = _Parser(prog="python -m specviz.labs.why_cheap",
-                description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
-                "speculative decoding's speed-up (the measurement of the app's 'Why checking is cheap' page).")
-    p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes per point, median reported (default 5)")
-    p.add_argument("--ks", type=_ints, default=PASS_KS, help="new tokens per pass (default 1,2,4,8,16)")
-    p.add_argument("--batches", type=_ints, default=BATCH_SIZES,
-                   help="batch sizes (default 1,2,4,8; a GPU can take e.g. 1,2,4,8,16,32,64,128)")
-    p.add_argument("--gamma", type=int, default=4, help="draft length γ of the batch effect (default 4)")
-    p.add_argument("--no-batch", action="store_true", help="only the pass-cost measurement")
-    p.add_argument("--note", default="", help="a line saved with the figures (where and how they were measured)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (save it as assets/verify_cost_gpu.json)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    return p
-
-
-def _print_human(out: Mapping[str, Any]) -> None:
-    pc = out["pass_cost"]
-    m = pc["machine"]
-    print(f"{pc['pair']} on {m['device']} ({m['name']}, {m['threads']} threads), {pc['context_tokens']} tokens cached")
-    print("new tokens   median ms   × one-token pass")
-    for k, ms, x in zip(pc["ks"], pc["median_ms"], pc["ratio_to_one_token"]):
-        print(f"{k:>10}   {ms:>9.1f}   {x:>6.2f}")
-    be = out.get("batch_effect")
-    if be:
-        print(f"batch effect, γ = {be['gamma']}: α = {be['alpha']}, c = {be['c']}, "
-              f"real speed-up at batch 1 = {be['run_speedup']}")
-        print("batch   step ms   verify ms   verify ÷ step   expected speed-up")
-        for p in be["points"]:
-            step, verify = statistics.median(p["step_ms"]), statistics.median(p["verify_ms"])
-            print(f"{p['batch']:>5}   {step:>7.1f}   {verify:>9.1f}"
-                  f"   {p['verify_ratio']:>13.2f}   {p['expected_speedup']}")
-        if be["stopped"]:
-            print(be["stopped"])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from specviz.cli import CliError, _err, quiet_libraries, resolve_pair_name, stderr_progress
-
-    try:
-        args = build_parser().parse_args(argv)
-        quiet_libraries(args.quiet)
-        pair_name = resolve_pair_name(args.pair)
-        try:
-            pc_config = PassCostConfig(ks=args.ks, repeats=args.repeats)
-            b_config = BatchConfig(gamma=args.gamma, batch_sizes=args.batches, repeats=args.repeats)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        from specviz import models
-
-        try:
-            pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))
-        except models.PairError as e:
-            raise CliError(str(e), 1) from None
-        say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
-        out: dict[str, Any] = {"note": args.note}
-        cost = drain(measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
-        out["pass_cost"] = pass_cost_to_dict(cost)
-        if not args.no_batch:
-            effect = drain(measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, pair_name,
-                                                  b_config), say)
-            out["batch_effect"] = batch_effect_to_dict(effect)
-        if args.json:
-            print(json.dumps(out, ensure_ascii=False, indent=1))
-        else:
-            _print_human(out)
-        return 0
-    except CliError as e:
-        _err(str(e))
-        return e.code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

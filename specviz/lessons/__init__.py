@@ -7,9 +7,11 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
+from typing import Literal
 
 LESSON_DIR = Path(__file__).parent
-LEVELS = ("d1", "d2", "d5")
+Level = Literal["d1", "d2", "d5"]
+LEVELS: tuple[Level, ...] = ("d1", "d2", "d5")  # explanation depth: children, curious beginners, experts
 
 
 def _check_level(level: str) -> None:
@@ -30,12 +32,6 @@ def lesson(level: str, key: str) -> str:
 def has_lesson(level: str, key: str) -> bool:
     """Whether a level has a text for `key` (levels show different amounts)."""
     return level in LEVELS and (LESSON_DIR / level / f"{key}.md").is_file()
-
-
-def lesson_keys(level: str) -> tuple[str, ...]:
-    """Every text id of a level, sorted."""
-    _check_level(level)
-    return tuple(sorted(p.stem for p in (LESSON_DIR / level).glob("*.md")))
 
 
 @lru_cache(maxsize=8)

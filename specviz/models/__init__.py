@@ -1,6 +1,6 @@
 """Model pairs: the named registry and its sources (PyPI GGUF parts, hub ids or folders, a tiny pair built in code)."""
 
-from specviz.models.base import PairError, Progress
+from specviz.models.base import PairError, LoadProgress
 from specviz.models.gguf import cache_dir, ensure_cached
 from specviz.models.registry import (
     DEFAULT_PAIR,
@@ -19,7 +19,7 @@ from specviz.models.precision import BIT_EXACT, DRAFT_PRECISIONS, TARGET_PRECISI
 from specviz.models.tiny import tiny_tokenizer
 
 __all__ = [
-    "DEFAULT_PAIR", "PAIR_NAMES", "PRECISIONS", "LoadedPair", "PairError", "PairSpec", "Progress",
+    "DEFAULT_PAIR", "PAIR_NAMES", "PRECISIONS", "LoadedPair", "PairError", "PairSpec", "LoadProgress",
     "cache_dir", "ensure_cached", "get_spec", "load_pair", "tiny_tokenizer",
     "BIT_EXACT", "DRAFT_PRECISIONS", "TARGET_PRECISIONS", "choose_precisions", "memory_estimate", "pair_ref", "split_ref",
 ]

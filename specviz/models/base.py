@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-Progress = Callable[[float, str], None]
+LoadProgress = Callable[[float, str], None]  # load_pair's (fraction, message) callback; not core.progress.Progress
 
 
 class PairError(Exception):
@@ -19,7 +19,7 @@ def _no_progress(fraction: float, message: str) -> None:
     """Default progress sink."""
 
 
-def _span(report: Progress, lo: float, hi: float) -> Progress:
+def _span(report: LoadProgress, lo: float, hi: float) -> LoadProgress:
     """Map a sub-step's 0..1 onto lo..hi of the caller's bar."""
     return lambda f, msg: report(lo + (hi - lo) * min(max(f, 0.0), 1.0), msg)
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from specviz.models.base import PairError, Progress, _model_device, _no_progress, _oom_as_pair_error, _span
+from specviz.models.base import PairError, LoadProgress, _model_device, _no_progress, _oom_as_pair_error, _span
 
 try:  # advisory file locks keep two processes (app + tests) from building one cache at once
     import fcntl
@@ -152,7 +152,7 @@ _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
 def _load_gguf_pair(
     draft_src: GgufSource,
     target_src: GgufSource,
-    report: Progress,
+    report: LoadProgress,
     target_dtype: torch.dtype = torch.float32,
     draft_dtype: torch.dtype = torch.float32,
     finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
@@ -172,7 +172,7 @@ def _load_gguf_pair(
     return tokenizer, target, draft
 
 
-def ensure_cached(src: GgufSource, progress: Progress | None = None) -> Path:
+def ensure_cached(src: GgufSource, progress: LoadProgress | None = None) -> Path:
     """The safetensors cache folder of `src`, built from the verified GGUF when missing or stale."""
     report = progress or _no_progress
     final = cache_dir() / src.key
@@ -265,7 +265,7 @@ def _locate_all(src: GgufSource) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _verified_gguf(src: GgufSource, report: Progress) -> Iterator[Path]:
+def _verified_gguf(src: GgufSource, report: LoadProgress) -> Iterator[Path]:
     """Yield a GGUF path whose sha256 matched; a joined copy is deleted afterwards (1.6 GB of disk)."""
     paths = _locate_all(src)
     if len(paths) == 1:  # a whole file inside one package: hash it in place, no copy
@@ -284,7 +284,7 @@ def _verified_gguf(src: GgufSource, report: Progress) -> Iterator[Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _hash_files(paths: list[Path], out: Path | None, src: GgufSource, report: Progress) -> tuple[str, list[str]]:
+def _hash_files(paths: list[Path], out: Path | None, src: GgufSource, report: LoadProgress) -> tuple[str, list[str]]:
     """Stream parts in order (optionally writing the join), hashing the whole and each part."""
     whole = hashlib.sha256()
     part_sums: list[str] = []
@@ -317,7 +317,7 @@ def _check_sums(src: GgufSource, whole: str, part_sums: list[str]) -> None:
     )
 
 
-def _convert_to_cache(gguf_path: Path, src: GgufSource, final: Path, report: Progress) -> None:
+def _convert_to_cache(gguf_path: Path, src: GgufSource, final: Path, report: LoadProgress) -> None:
     """Dequantize the GGUF, save safetensors + tokenizer into a temp folder, check, rename into place."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from specviz.models.base import PairError, Progress, _first_line, _oom_as_pair_error
+from specviz.models.base import PairError, LoadProgress, _first_line, _oom_as_pair_error
 
 
 # ----------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _short(ref: str) -> str:
     return Path(ref).name or ref
 
 
-def _load_hf_pair(draft_ref: str, target_ref: str, report: Progress) -> tuple[Any, nn.Module, nn.Module]:
+def _load_hf_pair(draft_ref: str, target_ref: str, report: LoadProgress) -> tuple[Any, nn.Module, nn.Module]:
     """Tokenizers first (cheap, refuse a vocabulary mismatch early), then target, then draft."""
     from transformers import AutoTokenizer
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from specviz.models import precision as prec
-from specviz.models.base import PairError, Progress, _no_progress
+from specviz.models.base import LoadProgress, PairError, _no_progress
+from specviz.models.fit import check_fit
 from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
@@ -142,7 +143,7 @@ def load_pair(
     name: str,
     draft_precision: str | None = None,
     device: str | None = None,
-    progress: Progress | None = None,
+    progress: LoadProgress | None = None,
     target_precision: str | None = None,
 ) -> LoadedPair:
     """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps.
@@ -152,6 +153,7 @@ def load_pair(
     """
     spec = get_spec(name)
     name, ref_precision = split_ref(name)
+    check_fit(name)  # before any file is read: a pair that cannot fit is refused (its fp32 estimate: conservative for bf16)
     report = progress or _no_progress
     dev = _resolve_device(device)
     choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
@@ -249,7 +251,7 @@ def _resolve_device(device: str | None) -> torch.device:
 # ----------------------------------------------------------------------------------------------
 
 
-def _set_precision(model: nn.Module, precision: str, role: str, report: Progress) -> nn.Module:
+def _set_precision(model: nn.Module, precision: str, role: str, report: LoadProgress) -> nn.Module:
     """Bring a freshly loaded model (its own copy) to its precision; a no-op where it was loaded so."""
     if precision == "int8":
         report(0.96, f"quantizing the {role} to int8 (per channel)")

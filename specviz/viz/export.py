@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from specviz.core.trace import Generation
-from specviz.core.metrics import summarize
+from specviz.core.metrics import compare
 
 CSV_COLUMNS = (
     "round", "position", "slot", "kind", "token_id", "token_text", "p_target", "q_draft",
@@ -52,7 +52,7 @@ def generation_dict(gen: Generation) -> dict[str, Any]:
 
 def trace_json(gen: Generation, baseline: Generation | None = None, meta: dict[str, Any] | None = None) -> str:
     """The run, its summary figures and (when measured) the target-only baseline, as JSON."""
-    doc: dict[str, Any] = {"meta": meta or {}, "summary": asdict(summarize(gen, baseline)), "speculative": generation_dict(gen)}
+    doc: dict[str, Any] = {"meta": meta or {}, "summary": asdict(compare(gen, baseline)), "speculative": generation_dict(gen)}
     if baseline is not None:
         doc["baseline"] = generation_dict(baseline)
     return json.dumps(doc, ensure_ascii=False, indent=1, default=str)

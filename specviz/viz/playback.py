@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specviz.core.trace import RoundTrace
-from specviz.core.metrics import acceptance_rate, tokens_per_target_call
+from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 
 Phase = Literal["draft", "verify", "final"]
 SegmentKind = Literal["accepted", "correction", "bonus", "target", "pending"]
@@ -152,7 +152,7 @@ def running_points(rounds: Sequence[RoundTrace], base_ms_per_token: float | None
         per_token = ms / tokens
         seen = rounds[: i + 1]
         speedup = base_ms_per_token / per_token if base_ms_per_token and per_token > 0 else None
-        points.append(RunningPoint(i + 1, acceptance_rate(seen), tokens_per_target_call(seen) or 0.0, per_token, speedup))
+        points.append(RunningPoint(i + 1, acceptance_drafted(seen), tokens_per_target_call(seen) or 0.0, per_token, speedup))
     return points
 
 
