@@ -259,7 +259,7 @@ def test_the_test_pair_is_hidden_unless_asked_for(monkeypatch):
     assert ui.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR
 
 
-def test_target_precision_is_a_sidebar_setting_in_the_url_and_the_pair_key():
+def test_target_precision_box_and_the_d5_memory_caption():
     at = make_app(level="d5")
     at.run()
     no_exception(at)
@@ -268,10 +268,3 @@ def test_target_precision_is_a_sidebar_setting_in_the_url_and_the_pair_key():
     assert "bf16 (not bit-exact here)" in box.options and "automatic: fp32" in box.options
     captions = " ".join(c.value for c in at.sidebar.caption)
     assert "Chosen here:" in captions and "Server memory now:" in captions  # D5 sees the choice and the RSS
-    set_settings(at, precision="bf16")
-    no_exception(at)
-    assert at.session_state["cfg.settings"].pair == "tiny-random@bf16"
-    assert at.query_params["pair"] in ("tiny-random@bf16", ["tiny-random@bf16"])
-    back = make_app(pair="tiny-random@bf16")
-    back.run()
-    assert back.session_state["cfg.pair"] == "tiny-random" and back.session_state["cfg.precision"] == "bf16"
