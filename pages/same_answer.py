@@ -205,7 +205,7 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
             spec_key: lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec),
         })
     if slot.shown() is None:
-        if pair.spec.name == "qwen-coder":
+        if pair.spec.name.startswith("qwen-coder"):
             st.caption("On the 1.5B pair every continuation not seen before costs a full target pass and each sample "
                        "handles a 152k-token vocabulary: measured on this shared CPU, the default 2000 two-token samples "
                        "took about 1 minute for the target alone and 2–4 minutes with speculation. SmolLM2-135M "

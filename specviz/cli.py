@@ -17,6 +17,8 @@ from specviz.core import limits  # plain Python: every check runs before torch i
 PROG = "specviz"
 GAMMA_MIN, GAMMA_MAX = limits.GAMMA_RANGE
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
+TARGET_PRECISIONS = ("fp32", "bf16", "int8")  # = specviz.models.precision's (a test checks; importing it loads torch)
+DRAFT_PRECISIONS = ("int8", "bf16", "fp32")
 WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
 
 
@@ -54,11 +56,22 @@ def add_pair_arguments(p: argparse.ArgumentParser) -> None:
         help="model pair: a named pair (see README), hf:DRAFT_ID,TARGET_ID, or local folders "
         "DRAFT_DIR,TARGET_DIR (default: the project's default pair)",
     )
-    p.add_argument(
-        "--draft-precision", choices=("int8", "fp32"), default=None,
-        help="precision of the draft model (default: the pair's own choice)",
-    )
+    add_precision_arguments(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
+
+
+def add_precision_arguments(p: argparse.ArgumentParser) -> None:
+    """--target-precision and --draft-precision (default: chosen at load by a quick measurement)."""
+    p.add_argument(
+        "--target-precision", choices=TARGET_PRECISIONS, default=None,
+        help="precision of the target: fp32 keeps greedy output identical to the target alone; bf16 and int8 are "
+        "smaller (and faster with native bf16 / int8) but not bit-exact (default: fp32 where it fits in memory)",
+    )
+    p.add_argument(
+        "--draft-precision", choices=DRAFT_PRECISIONS, default=None,
+        help="precision of the draft model; never changes the output (default: the faster of int8 and bf16 "
+        "measured here, fp32 for pairs int8 cannot cover)",
+    )
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -257,7 +270,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except ValueError as e:  # the checks above should have caught it; keep the one-line promise anyway
         raise CliError(str(e)) from None
 
-    pair = models.load_pair(pair_name, draft_precision=args.draft_precision, progress=progress)
+    pair = models.load_pair(
+        pair_name, draft_precision=args.draft_precision, progress=progress, target_precision=args.target_precision
+    )
+    if not args.quiet:
+        print(f"{PROG}: precision: target {getattr(pair, 'target_precision', '?')}, draft "
+              f"{getattr(pair, 'draft_precision', '?')} ({getattr(pair, 'precision_reason', '')})",
+              file=sys.stderr, flush=True)
     prompt_ids = encode_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
     drafter = make_drafter(args.drafter, pair.draft, adaptive=args.adaptive, tree=tree)
@@ -283,6 +302,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "drafter": spec.drafter,
         "tree_config": {"budget": tree.budget, "branching": tree.branching, "depth": tree.depth} if args.drafter == "tree" else None,
         "draft_precision": getattr(pair, "draft_precision", None),
+        "target_precision": getattr(pair, "target_precision", None),
+        "precision_reason": getattr(pair, "precision_reason", None),
+        "bit_exact": getattr(pair, "bit_exact", None),
         "device": str(getattr(pair, "device", "cpu")),
         "temperature": args.temperature,
         "top_k": args.top_k,
@@ -322,12 +344,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # follow the same distribution but not the same draws, so there is nothing to compare (None)
         result["identical_to_baseline"] = summary.identical
         result["first_divergence"] = asdict(summary.divergence) if summary.divergence else None
+        # where a not-bit-exact target left its own text: the target's top-2 gap there (why it could)
+        result["divergence"] = _divergence(pair, prompt_ids, spec, base) if summary.identical is False else None
 
     if args.json:
         print(json.dumps(result))
     else:
         print_human(result)
     return 0
+
+
+def _divergence(pair: Any, prompt_ids: list[int], spec: Any, base: Any) -> dict[str, Any] | None:
+    """The first position where a greedy speculative run left the target's own text, with the target's top-2 gap there."""
+    from specviz.core.divergence import first_divergence
+
+    d = first_divergence(pair.target, prompt_ids, spec.tokens, base.tokens)
+    if d is None:
+        return None
+    decode = pair.tokenizer.decode
+    return {
+        "position": d.position,
+        "speculative": {"id": d.speculative_id, "text": decode([d.speculative_id])},
+        "baseline": {"id": d.baseline_id, "text": decode([d.baseline_id])},
+        "top_ids": list(d.top_ids),
+        "top2_gap": _num(d.top2_gap, 6),
+        "pair_gap": _num(d.pair_gap, 6),
+    }
 
 
 def _tok(text: str) -> str:
@@ -376,6 +418,14 @@ def print_human(res: dict[str, Any]) -> None:
         same = res["identical_to_baseline"]
         if same is not None:
             print(f"identical to baseline: {'yes' if same else 'NO'}")
+        d = res.get("divergence")
+        if d:
+            print(f"first divergence at new token {d['position']}: speculative {_tok(d['speculative']['text'])}, "
+                  f"target alone {_tok(d['baseline']['text'])}; the target's top-2 logit gap there is "
+                  f"{d['top2_gap']:.2g} (target precision {res.get('target_precision')} is not bit-exact here)")
+    if res.get("target_precision"):
+        print(f"precision: target {res['target_precision']}, draft {res['draft_precision']}"
+              + ("" if res.get("bit_exact") else " (target not bit-exact here)"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,8 +440,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--pair", action="append", default=None,
                    help="model pair (repeatable; default: qwen-coder and smollm2-135m, or qwen-coder with --quick)")
-    p.add_argument("--draft-precision", choices=("int8", "fp32"), default=None,
-                   help="precision of the draft model (default: the pair's own choice)")
+    add_precision_arguments(p)
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="run everything (ours and transformers') on this device (default: cuda when present)")
     p.add_argument("--quick", action="store_true",
@@ -422,6 +471,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             pairs=pairs, quick=args.quick, workloads=args.workloads, methods=args.methods, repeats=args.repeats,
             max_new_tokens=args.max_new_tokens, out_dir=args.out, device=args.device,
             draft_precision=args.draft_precision, command=f"python -m {PROG} {shlex.join(sys.argv[1:])}",
+            target_precision=args.target_precision,
         )
         results = bench.run_bench(config, report.write_reports, progress=progress)
     except bench.BenchError as e:

@@ -134,6 +134,46 @@ def test_pair_store_loads_once_and_reports_failures():
     assert store.peek("bad") is None
 
 
+def test_pair_store_holds_one_pair_and_releases_it_for_the_next():
+    import gc
+    import weakref
+
+    class Pair:
+        def __init__(self, name):
+            self.name = name
+
+    made: dict[str, weakref.ref] = {}
+
+    def loader(name, progress):
+        pair = Pair(name)
+        made[name] = weakref.ref(pair)
+        return pair
+
+    store = PairStore(loader, str)
+    store.request("a")
+    assert _wait(lambda: store.peek("a").status == "ready")
+    assert list(store.ready()) == ["a"]
+    store.request("b")
+    assert _wait(lambda: store.peek("b").status == "ready")
+    assert list(store.ready()) == ["b"] and store.peek("a") is None  # a was released when b was asked for
+    gc.collect()
+    assert made["a"]() is None  # and nothing else kept it alive
+    assert store.request("b").pair is made["b"]()  # the held one is reused, not reloaded
+    two = PairStore(loader, str, max_ready=2)
+    for name in ("x", "y"):
+        two.request(name)
+        assert _wait(lambda: two.peek(name).status == "ready")
+    assert sorted(two.ready()) == ["x", "y"]
+
+
+def test_finished_job_drops_its_closure():
+    runner = Runner(str)
+    big = bytearray(10)
+    job = runner.submit("k", lambda: (b for b in big))
+    assert _wait(lambda: job.view().finished)
+    assert job._make is None  # a released pair's models are not kept alive by finished jobs
+
+
 def _fake_steps(n: int, fail_at: int | None = None):
     def make():
         for i in range(n):

@@ -260,3 +260,14 @@ def test_the_test_pair_is_hidden_unless_asked_for(monkeypatch):
     monkeypatch.setenv("SPECVIZ_SHOW_TEST_PAIR", "1")
     assert "tiny-random" in sidebar.visible_pairs("qwen-coder")
     assert sidebar.visible_pairs("qwen-coder")[0] == models.DEFAULT_PAIR
+
+
+def test_target_precision_box_and_the_d5_memory_caption():
+    at = make_app(level="d5")
+    at.run()
+    no_exception(at)
+    box = next(s for s in at.sidebar.selectbox if s.label == "Target precision")
+    assert box.value == sidebar.AUTO
+    assert "bf16 (not bit-exact here)" in box.options and "automatic: fp32" in box.options
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    assert "Chosen here:" in captions and "Server memory now:" in captions  # D5 sees the choice and the RSS

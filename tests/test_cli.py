@@ -297,7 +297,7 @@ def test_json_real_smollm2_greedy_is_identical_to_baseline():
     assert res["identical_to_baseline"] is True
     assert res["tokens"] == res["baseline"]["tokens"]
     assert res["text"] == res["baseline"]["text"] and res["text"].strip()
-    assert res["draft_precision"] == "int8"
+    assert res["draft_precision"] == "int8" and res["target_precision"] == "fp32" and res["bit_exact"] is True
     assert res["measured_c"] is not None and res["expected_speedup"] is not None and res["speedup"] is not None
     assert res["acceptance_rate"] is not None and res["acceptance_rate"] > 0.3  # a model agrees with itself, mostly
 
@@ -307,3 +307,31 @@ def test_json_real_smollm2_sample_mode():
     res = run_json("--pair", "smollm2-135m", "--prompt", "Once upon a time", "--mode", "sample",
                    "--temperature", "0.7", "--seed", "3", "--max-new-tokens", "24", "-q")
     check_result(res, pair="smollm2-135m", mode="sample", gamma=4, max_new=24, baseline=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# precision: reported, chosen, explicit
+
+
+def test_json_reports_the_default_precision_and_keeps_identity():
+    res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--max-new-tokens", "12", "--baseline", "-q")
+    assert res["target_precision"] == "fp32" and res["bit_exact"] is True and res["precision_reason"]
+    assert res["identical_to_baseline"] is True and res["divergence"] is None
+
+
+def test_json_bf16_target_is_marked_and_any_divergence_explained():
+    res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--max-new-tokens", "24",
+                   "--target-precision", "bf16", "--draft-precision", "fp32", "--baseline", "-q")
+    assert (res["target_precision"], res["draft_precision"], res["bit_exact"]) == ("bf16", "fp32", False)
+    if res["identical_to_baseline"]:
+        assert res["divergence"] is None
+    else:
+        d = res["divergence"]
+        assert res["tokens"][:d["position"]] == res["baseline"]["tokens"][:d["position"]]
+        assert res["tokens"][d["position"]] == d["speculative"]["id"] != d["baseline"]["id"]
+        assert d["top2_gap"] >= 0
+
+
+def test_bad_target_precision_is_one_line():
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--target-precision", "fp16")
+    assert done.returncode == 2 and "target-precision" in done.stderr and len(done.stderr.strip().splitlines()) == 1

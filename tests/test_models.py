@@ -113,7 +113,7 @@ def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert cache_dir() == Path.home() / ".cache" / "specviz"
 
 
-@pytest.mark.parametrize("precision", ["int4", "bf16", "", "INT8"])
+@pytest.mark.parametrize("precision", ["int4", "fp16", "", "INT8"])  # bf16 is a draft precision now
 def test_bad_precision_refused(precision: str) -> None:
     with pytest.raises(PairError, match="precision"):
         load_pair("tiny-random", draft_precision=precision)
@@ -451,3 +451,114 @@ def test_qwen_coder_loads() -> None:
     assert {151645, 151643} <= set(pair.eos_ids)
     assert logits(pair.target, ids).shape == (1, len(ids), 151936)
     assert logits(pair.draft, ids).shape == (1, len(ids), 151936)
+
+
+# ----------------------------------------------------------------------------------------------
+# precision: explicit settings, the default chosen on the machine, what each costs
+# ----------------------------------------------------------------------------------------------
+
+from specviz.models import precision as prec  # noqa: E402
+
+
+def _probe(native: bool, fp32: float, bf16: float, int8: float | None, ram_gb: float, device: str = "cpu") -> prec.Probe:
+    return prec.Probe(device, native, (1536, 8960), fp32, bf16, int8, int(ram_gb * 1e9))
+
+
+@pytest.mark.parametrize("probe, target, draft", [
+    # this machine: no avx512_bf16, 24 GB: fp32 target (promise), int8 draft
+    (_probe(False, 2.3, 2.2, 1.0, 24), "fp32", "int8"),
+    # native bf16 and clearly faster: the draft takes it, the target still keeps the promise
+    (_probe(True, 2.34, 0.63, 1.0, 24), "fp32", "bf16"),
+    # an 8 GB laptop cannot hold the fp32 pair: bf16 target (marked not bit-exact), whatever the speed
+    (_probe(False, 2.3, 5.0, 1.0, 8), "bf16", "int8"),
+    # CUDA: half precision draft
+    (_probe(True, 0.1, 0.05, None, 80, "cuda"), "fp32", "bf16"),
+])
+def test_default_precision_is_chosen_from_the_machine(monkeypatch, probe, target, draft) -> None:
+    monkeypatch.setattr(prec, "probe", lambda device="cpu", shape=(1536, 8960): probe)
+    choice = prec.choose(probe.device, 7_100_000_000, 1_000_000_000)
+    assert (choice.target, choice.draft) == (target, draft)
+    assert choice.target_default and choice.draft_default
+    assert choice.bit_exact == (target == "fp32")
+    assert ("no native bf16" in choice.reason) != probe.native_bf16  # the reason says what was measured
+
+
+def test_explicit_precisions_win_and_bad_ones_are_refused(monkeypatch) -> None:
+    monkeypatch.setattr(prec, "probe", lambda device="cpu", shape=(1536, 8960): _probe(False, 2, 2, 1, 24))
+    choice = prec.choose("cpu", 1, 1, target="bf16", draft="fp32")
+    assert (choice.target, choice.draft, choice.target_default, choice.draft_default) == ("bf16", "fp32", False, False)
+    assert not choice.bit_exact and prec.describe("bf16") == "bf16 (not bit-exact here)" and prec.describe("fp32") == "fp32"
+    with pytest.raises(ValueError, match="target precision"):
+        prec.choose("cpu", 1, 1, target="fp16")
+    with pytest.raises(PairError, match="precision"):
+        load_pair("tiny-random", target_precision="int4")
+
+
+def test_probe_measures_this_machine() -> None:
+    pr = prec.probe("cpu")
+    assert pr is prec.probe("cpu")  # cached per process
+    assert pr.fp32_ms > 0 and pr.bf16_ms > 0 and pr.ram_bytes > 1e9
+    with open("/proc/cpuinfo") as fh:
+        assert pr.native_bf16 == ("avx512_bf16" in fh.read() or False) or pr.native_bf16  # amx_bf16 also counts
+
+
+def test_cli_precision_choices_match_the_module() -> None:
+    from specviz import cli
+
+    assert cli.TARGET_PRECISIONS == prec.TARGET_PRECISIONS and cli.DRAFT_PRECISIONS == prec.DRAFT_PRECISIONS
+
+
+@pytest.mark.parametrize("target", ["fp32", "bf16", "int8"])
+def test_target_precision_is_loaded_and_reported(target: str) -> None:
+    pair = load_pair("tiny-random", target_precision=target)
+    assert pair.target_precision == target and pair.bit_exact == (target == "fp32")
+    assert pair.precision_reason
+    if target == "int8":
+        assert isinstance(pair.target.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    else:
+        assert {p.dtype for p in pair.target.parameters()} == {prec.DTYPES[target]}
+    assert logits(pair.target, list(b"abc")).shape == (1, 3, 257)
+    fp32 = load_pair("tiny-random", target_precision="fp32")
+    assert pair.weight_bytes <= fp32.weight_bytes  # smaller or equal, never a second copy
+
+
+def test_pair_ref_carries_the_target_precision() -> None:
+    assert models.pair_ref("qwen-coder", "bf16") == "qwen-coder@bf16" and models.pair_ref("qwen-coder") == "qwen-coder"
+    assert models.split_ref("qwen-coder@bf16") == ("qwen-coder", "bf16")
+    assert models.split_ref("hf:a@x,b") == ("hf:a@x,b", None)  # only a known precision is split off
+    spec = get_spec("smollm2-135m@bf16")
+    assert spec.name == "smollm2-135m@bf16" and "bf16" in spec.title
+    pair = load_pair("tiny-random@bf16")
+    assert pair.spec.name == "tiny-random@bf16" and pair.target_precision == "bf16"
+
+
+def test_memory_estimate_halves_with_bf16() -> None:
+    fp32 = models.memory_estimate("qwen-coder", "fp32", "int8")
+    bf16 = models.memory_estimate("qwen-coder", "bf16", "int8")
+    assert 7.5e9 < fp32 < 8.5e9 and 4.0e9 < bf16 < 5.0e9  # the 1.5B head is stored apart from its embedding
+    assert models.memory_estimate("hf:a,b", "fp32", "fp32") is None
+
+
+@pytest.mark.real
+def test_smollm2_bf16_loads_straight_into_bf16() -> None:
+    fp32 = load_pair("smollm2-135m", target_precision="fp32", draft_precision="fp32")
+    bf16 = load_pair("smollm2-135m", target_precision="bf16", draft_precision="fp32")
+    assert {p.dtype for p in bf16.target.parameters()} == {torch.bfloat16}
+    for (name, a), (_, b) in zip(fp32.target.named_parameters(), bf16.target.named_parameters()):
+        assert torch.equal(a.bfloat16(), b), name  # the same weights, rounded once
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_model_reads_like_from_pretrained(dtype: torch.dtype) -> None:
+    """The tensor-by-tensor reader gives the model transformers' own loader gives, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    folder = gguf.ensure_cached(gguf.SMOLLM2_135M)
+    ours = gguf._load_cached_model(folder, "SmolLM2", dtype)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
+    ids = torch.tensor([[1, 504, 3, 99, 1200, 7]])
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids).logits, theirs(input_ids=ids).logits)
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight  # SmolLM2 ties its head
+    assert ours.generation_config.eos_token_id == theirs.generation_config.eos_token_id

@@ -28,6 +28,8 @@ def user_error(exc: BaseException) -> str:
 
 def _load(name: str, progress: Any) -> models.LoadedPair:
     """Load a pair, then run it once briefly so the first measured run does not pay start-up costs."""
+    gc.unfreeze()  # a pair released by the store was frozen below: let the collector free its cycles first
+    gc.collect()
     pair = models.load_pair(name, progress=lambda f, m: progress(0.95 * f, m))
     progress(0.96, "warming up (one short run, so the first timing is fair)")
     ids = list(pair.tokenizer(WARMUP_TEXT)["input_ids"])

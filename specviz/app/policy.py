@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specviz.models.registry import split_ref
 from specviz.app.settings import DRAFTERS, MAX_NEW_RANGE, Settings, _first, parse_query
 
 log = logging.getLogger("specviz.app")
@@ -189,10 +190,13 @@ def enforce(settings: Settings, policy: Policy, fallback_pair: str,
     notes: list[str] = []
     titles = titles or {}
     changes: dict[str, Any] = {}
-    if settings.pair not in policy.pairs:
+    base, precision = split_ref(settings.pair)  # "qwen-coder@bf16": an offered pair at a chosen target precision
+    if base not in policy.pairs:
         first = policy.first_pair(fallback_pair)
         notes.append(pair_note(settings.pair, policy, first, titles.get(first, first)))
         changes["pair"] = first
+    elif precision is not None and policy.classroom:  # pupils switching precision would make the server reload
+        changes["pair"] = base
     if settings.drafter not in policy.drafters:
         changes["drafter"] = policy.drafters[0]
         notes.append(DRAFTER_FIXED.format(title=titles.get(policy.drafters[0], policy.drafters[0])))

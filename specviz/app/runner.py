@@ -37,23 +37,40 @@ class PairStore(Generic[T]):
 
     `loader(name, progress)` returns the pair or raises; `user_error(exc)` turns an exception into
     a one-line message. A failed load stays failed until `forget(name)` allows a retry.
+    At most `max_ready` pairs are held: starting another load releases the longest-unused ready
+    ones (the default pair alone is 4-10 GB; a long-running server must not collect every pair a
+    pupil tried). A released pair's memory returns once the runs still using it finish.
     """
 
     def __init__(self, loader: Callable[[str, Callable[[float, str], None]], T],
-                 user_error: Callable[[BaseException], str]) -> None:
+                 user_error: Callable[[BaseException], str], max_ready: int = 1) -> None:
         self._loader = loader
         self._user_error = user_error
+        self._max_ready = max_ready
         self._lock = threading.Lock()
-        self._loads: dict[str, _Load] = {}
+        self._loads: dict[str, _Load] = {}  # in order of last request: the first ready ones are released first
 
     def request(self, name: str) -> LoadView[T]:
-        """Start loading `name` if needed; return its current state."""
+        """Start loading `name` if needed (releasing pairs beyond max_ready); return its current state."""
         with self._lock:
-            load = self._loads.get(name)
+            load = self._loads.pop(name, None)
             if load is None:
-                load = self._loads[name] = _Load()
+                load = _Load()
+                self._release_for_one_more()
                 threading.Thread(target=self._run, args=(name, load), daemon=True, name=f"load-{name}").start()
+            self._loads[name] = load  # most recently requested last
             return load.view
+
+    def ready(self) -> dict[str, T]:
+        """The pairs held now, by name."""
+        with self._lock:
+            return {n: ld.view.pair for n, ld in self._loads.items() if ld.view.status == "ready" and ld.view.pair is not None}
+
+    def _release_for_one_more(self) -> None:
+        """Drop the longest-unused ready pairs so that one more fits under max_ready (called with the lock held)."""
+        ready = [n for n, ld in self._loads.items() if ld.view.status == "ready"]
+        for n in ready[: max(0, len(ready) - self._max_ready + 1)]:
+            del self._loads[n]
 
     def forget(self, name: str) -> None:
         """Drop a failed load so the next request tries again (a loaded pair is kept)."""
@@ -154,6 +171,7 @@ class Job:
         self._set_state("running")
         try:
             steps = self._make()
+            self._make = None  # type: ignore[assignment]  # its closure holds the models: a released pair must be freeable
             while True:
                 if self._cancel.is_set():
                     steps.close()

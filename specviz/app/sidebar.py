@@ -62,9 +62,13 @@ def _init_from_query() -> None:
         return
     rules = current_policy()
     params = st.query_params.to_dict()
+    # a link's pair may carry a target precision ("qwen-coder@bf16"): the policy checks the pair, the precision box gets the rest
+    params["pair"], precision = models.split_ref(str(params.get("pair", models.DEFAULT_PAIR)))
     settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
     for name in QUERY_KEYS.values():
         st.session_state[K + name] = getattr(settings, name)
+    st.session_state[K + "pair"] = models.split_ref(settings.pair)[0]  # the pair widget holds the plain name
+    st.session_state[K + "precision"] = precision or AUTO
     st.session_state[K + "notes"] = notes
     st.session_state[K + "ready"] = True
 
@@ -106,7 +110,8 @@ def sidebar_settings() -> Settings:
         sb.markdown(f"**Model pair:** {pair_title(pair)}")
     else:
         sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=pair_title)
-        sb.caption(_pair_caption(st.session_state[K + "pair"]))
+        precision_select(sb, st.session_state[K + "pair"])
+        sb.caption(_pair_caption(_pair_from_state()))
     if len(rules.drafters) > 1:
         sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
                  help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
@@ -144,10 +149,52 @@ def _hold_to(rules: Policy) -> None:
     ss[K + "max_new_tokens"] = policy_rules.bounded(ss.get(K + "max_new_tokens"), lo, hi, min(Settings().max_new_tokens, hi))
 
 
+AUTO = "auto"  # the precision box's "chosen at load" entry
+
+
+def _pair_from_state() -> str:
+    """The sidebar's pair with its target precision ("qwen-coder@bf16"; the plain name when automatic)."""
+    ss = st.session_state
+    precision = ss.get(K + "precision", AUTO)
+    return models.pair_ref(ss.get(K + "pair", Settings().pair), None if precision == AUTO else precision)
+
+
+def precision_select(sb: Any, pair: str) -> None:
+    """The target precision box: each entry with its memory cost and whether it keeps the promise here."""
+    try:
+        auto = models.choose_precisions(pair)
+    except models.PairError:
+        return
+
+    def title(p: str) -> str:
+        target = auto.target if p == AUTO else p
+        cost = models.memory_estimate(pair, target, auto.draft)
+        label = f"automatic: {models.precision.describe(target)}" if p == AUTO else models.precision.describe(p)
+        return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
+
+    sb.selectbox("Target precision", (AUTO, *models.TARGET_PRECISIONS), key=K + "precision", format_func=title,
+                 help="fp32 keeps speculative greedy output identical to the target alone. bf16 and int8 halve or "
+                 "quarter the memory (and are faster on CPUs with bf16 / int8 instructions), but a verify pass and "
+                 "a one-token step then round differently, so where the target's two best tokens are nearly tied "
+                 "the two runs can pick differently: not bit-exact here.")
+    if st.session_state.get(K + "level") == "d5":
+        sb.caption(f"Chosen here: {auto.reason}. {memory_line()}")
+
+
+def memory_line() -> str:
+    """This server's own memory use (resident set) and the loaded pairs' weights, for the D5 sidebar."""
+    import psutil
+
+    rss = psutil.Process().memory_info().rss
+    held = pair_store().ready()
+    weights = ", ".join(f"{getattr(p.spec, 'title', n)} {p.weight_bytes / 1e9:.1f} GB" for n, p in held.items())
+    return f"Server memory now: {rss / 1e9:.1f} GB resident" + (f" (weights: {weights})." if weights else ".")
+
+
 def _settings_from_state() -> Settings:
     ss, d = st.session_state, Settings()
     return Settings(
-        level=ss.get(K + "level", d.level), pair=ss.get(K + "pair", d.pair), drafter=ss.get(K + "drafter", d.drafter),
+        level=ss.get(K + "level", d.level), pair=_pair_from_state(), drafter=ss.get(K + "drafter", d.drafter),
         mode=ss.get(K + "mode", d.mode), temperature=float(ss.get(K + "temperature", d.temperature)),
         top_p=float(ss.get(K + "top_p", d.top_p)), seed=int(ss.get(K + "seed", d.seed)),
         gamma=int(ss.get(K + "gamma", d.gamma)), adaptive=bool(ss.get(K + "adaptive", d.adaptive)),

@@ -109,7 +109,8 @@ class BenchConfig:
     max_new_tokens: int  # per run (EOS may stop a run earlier; ms/token divides by what was made)
     out_dir: Path  # where bench-<pair>.{csv,md,html} go
     device: str | None = None  # "cpu" or "cuda"; None = models.load_pair's choice
-    draft_precision: str | None = None  # "int8" or "fp32"; None = the pair's own default
+    draft_precision: str | None = None  # "int8", "bf16" or "fp32"; None = measured at load (models.precision)
+    target_precision: str | None = None  # "fp32", "bf16" or "int8"; None = fp32 where it fits (keeps identity)
     quick: bool = False
     command: str = ""  # the command line, for the report header
     temperature: float = SAMPLE_TEMPERATURE
@@ -140,6 +141,7 @@ def make_config(
     device: str | None = None,
     draft_precision: str | None = None,
     command: str = "",
+    target_precision: str | None = None,
 ) -> BenchConfig:
     """The run's settings from command-line values: --quick picks smaller defaults, explicit values win."""
     repeats = MIN_REPEATS if repeats is None else repeats
@@ -161,6 +163,7 @@ def make_config(
         out_dir=Path(out_dir),
         device=device,
         draft_precision=draft_precision,
+        target_precision=target_precision,
         quick=quick,
         command=command,
     )
@@ -522,7 +525,8 @@ def run_bench(config: BenchConfig, write: WriteReports,
     results = []
     for name in config.pairs:
         _say(f"loading {name}")
-        pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress)
+        pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress,
+                                target_precision=config.target_precision)
         rows = aggregate(bench_pair(config, pair, name))
         paths = write(config, pair, name, rows)
         _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")

@@ -109,6 +109,7 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         + (f" (sample = T {config.temperature}, top-k off, top-p 1)" if "sample" in config.modes else "")
         + ", draft precision "
         f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}, "
+        f"target precision {getattr(pair, 'target_precision', config.target_precision or 'default')}, "
         f"a {config.warmup_tokens}-token untimed warm-up per method before each workload and mode",
         "",
         markdown_table(rows),

@@ -8,12 +8,18 @@ from specviz.models.registry import (
     PRECISIONS,
     LoadedPair,
     PairSpec,
+    choose_precisions,
     get_spec,
     load_pair,
+    memory_estimate,
+    pair_ref,
+    split_ref,
 )
+from specviz.models.precision import BIT_EXACT, DRAFT_PRECISIONS, TARGET_PRECISIONS
 from specviz.models.tiny import tiny_tokenizer
 
 __all__ = [
     "DEFAULT_PAIR", "PAIR_NAMES", "PRECISIONS", "LoadedPair", "PairError", "PairSpec", "LoadProgress",
     "cache_dir", "ensure_cached", "get_spec", "load_pair", "tiny_tokenizer",
+    "BIT_EXACT", "DRAFT_PRECISIONS", "TARGET_PRECISIONS", "choose_precisions", "memory_estimate", "pair_ref", "split_ref",
 ]

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -150,16 +150,25 @@ _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
 
 
 def _load_gguf_pair(
-    draft_src: GgufSource, target_src: GgufSource, report: LoadProgress
+    draft_src: GgufSource,
+    target_src: GgufSource,
+    report: LoadProgress,
+    target_dtype: torch.dtype = torch.float32,
+    draft_dtype: torch.dtype = torch.float32,
+    finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
 ) -> tuple[Any, nn.Module, nn.Module]:
-    """Build the caches one model at a time (peak RAM: one dequantized model), then load both."""
+    """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes.
+
+    The draft is loaded and finished (quantized) first, so its fp32 copy is gone before the target
+    arrives: the peak is the larger of the fp32 draft and the finished draft plus the target.
+    """
     target_dir = ensure_cached(target_src, _span(report, 0.0, 0.6))
     draft_dir = ensure_cached(draft_src, _span(report, 0.6, 0.85))
-    report(0.86, f"loading {target_src.title} from the cache")
+    report(0.86, f"loading {draft_src.title} (draft) from the cache")
+    draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype))  # its own copy: safe to quantize
+    report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
-    target = _load_cached_model(target_dir, target_src.title)
-    report(0.92, f"loading {draft_src.title} (draft) from the cache")
-    draft = _load_cached_model(draft_dir, draft_src.title)  # always a separate copy: safe to quantize
+    target = _load_cached_model(target_dir, target_src.title, target_dtype)
     return tokenizer, target, draft
 
 
@@ -383,28 +392,75 @@ def _load_cached_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
-def _load_cached_model(folder: Path, title: str) -> nn.Module:
-    """An fp32 causal LM from a local safetensors folder (no network, no remote code)."""
-    from transformers import AutoModelForCausalLM
+def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A causal LM in `dtype` from a local safetensors folder (no network, no remote code).
+
+    The model is built empty and each tensor is read from the file with plain reads, cast, and put
+    in place, so the peak memory is the model in `dtype` plus one tensor: no fp32 copy of a bf16
+    model, and no memory-mapped file pages counted on top (from_pretrained maps the file, and
+    copying out of the mapping held both: 14 GB at the peak for the fp32 1.5B target).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     with _oom_as_pair_error(title):
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, use_safetensors=True, local_files_only=True, trust_remote_code=False
-        )
-        _materialize(model)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+        model.to_empty(device="cpu")  # storage without values: every tensor is filled below
+        missing = _read_weights(folder / "model.safetensors", model)
+        _rebuild_buffers(model, config)
+        if missing - _not_in_file(model, config):
+            raise PairError(f"{title}: the cache lacks {sorted(missing)[:3]}; delete {folder} to rebuild it")
+        model.tie_weights()
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model.eval()
 
 
-@torch.no_grad()
-def _materialize(model: nn.Module) -> None:
-    """Copy memory-mapped weights into ordinary memory.
+def _read_weights(path: Path, model: nn.Module) -> set[str]:
+    """Fill the model's parameters and persistent buffers from a safetensors file, one tensor at a time; returns the names it lacked."""
+    import numpy as np
 
-    from_pretrained maps the safetensors file; the kernel may then drop those pages under
-    memory pressure (other sessions, other models) and every later forward re-reads them from
-    disk: seconds per token, and a first forward that is 4 s slower than the rest.
-    """
-    for tensor in [*model.parameters(), *model.buffers()]:
-        tensor.data = tensor.data.clone()
+    targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    with open(path, "rb") as fh:
+        header_len = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(header_len))
+        start = 8 + header_len
+        for name, entry in header.items():
+            if name == "__metadata__" or name not in targets:
+                continue
+            if entry["dtype"] != "F32":
+                raise PairError(f"unexpected {entry['dtype']} tensor {name} in {path}: the cache is fp32")
+            begin, end = entry["data_offsets"]
+            raw = torch.empty(entry["shape"], dtype=torch.float32)  # one fp32 tensor at a time
+            fh.seek(start + begin)
+            fh.readinto(memoryview(raw.numpy().view(np.uint8).reshape(-1)))
+            if end - begin != raw.numel() * 4:
+                raise PairError(f"{path}: tensor {name} has the wrong size; delete the cache folder to rebuild it")
+            with torch.no_grad():
+                targets[name].copy_(raw)  # casts to the model's dtype in place
+    return {n for n in targets if n not in header}
+
+
+def _not_in_file(model: nn.Module, config: Any) -> set[str]:
+    """Names a cache may lack: a head tied to the embedding, and the rotary tables (rebuilt from the config)."""
+    names = {n for n, _ in model.named_buffers() if n.endswith("inv_freq")}
+    if getattr(config, "tie_word_embeddings", False):
+        names |= {n for n, _ in model.named_parameters(remove_duplicate=False) if n.startswith("lm_head.")}
+    return names
+
+
+def _rebuild_buffers(model: nn.Module, config: Any) -> None:
+    """Recompute the rotary tables (not in the file; to_empty left them without values) from the config."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            with torch.device("cpu"):
+                fresh = type(module)(config=config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf)
+            for attr in ("attention_scaling", "max_seq_len_cached", "original_max_seq_len"):
+                if hasattr(fresh, attr):
+                    setattr(module, attr, getattr(fresh, attr))
 
 
 def _probe_ids(tokenizer: Any) -> torch.Tensor:

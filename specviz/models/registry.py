@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from specviz.models.base import PairError, LoadProgress, _first_line, _no_progress
+from specviz.models import precision as prec
+from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.fit import check_fit
 from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
@@ -39,17 +39,33 @@ class LoadedPair:
 
     spec: PairSpec
     tokenizer: Any  # transformers PreTrainedTokenizerFast, shared by both models
-    target: torch.nn.Module  # HF causal LM, eval mode, fp32
-    draft: torch.nn.Module  # HF causal LM, eval mode, fp32 or int8 dynamically quantized (CPU only)
+    target: torch.nn.Module  # HF causal LM, eval mode, fp32 / bf16 / int8 (dynamically quantized, CPU only)
+    draft: torch.nn.Module  # HF causal LM, eval mode, same choices
     device: torch.device
     eos_ids: tuple[int, ...]  # every id that ends a generation, primary eos first
     context_length: int  # positions both models accept (target's max_position_embeddings)
-    draft_precision: str  # "int8" or "fp32": what was actually loaded
+    draft_precision: str  # "int8", "bf16" or "fp32": what was actually loaded
+    target_precision: str = "fp32"  # likewise for the target; only fp32 keeps greedy output bit-exact here
+    precision_reason: str = ""  # one line: what was measured and why these precisions (see models.precision)
+    weight_bytes: int = 0  # bytes of both models' weights as loaded (the memory cost shown in the app)
+
+    @property
+    def bit_exact(self) -> bool:
+        """Whether greedy speculative output is promised token-identical to the target's own greedy output."""
+        return self.target_precision in prec.BIT_EXACT
 
 
 PAIR_NAMES: tuple[str, ...] = ("qwen-coder", "smollm2-135m", "tiny-random")
 DEFAULT_PAIR = "qwen-coder"
-PRECISIONS: tuple[str, ...] = ("int8", "fp32")
+PRECISIONS: tuple[str, ...] = prec.DRAFT_PRECISIONS  # draft precisions (the target's: prec.TARGET_PRECISIONS)
+
+# (target params, target embedding params, draft params, draft embedding params) as cached: they size
+# each precision before loading. The GGUF files store the Qwen heads apart from the embeddings
+# (quantized differently, so not equal: tying them would change the target), hence 1.78B, not 1.54B.
+_PARAMS: dict[str, tuple[int, int, int, int]] = {
+    "qwen-coder": (1_777_088_512, 151_936 * 1536, 630_167_424, 151_936 * 896),
+    "smollm2-135m": (134_515_008, 49_152 * 576, 134_515_008, 49_152 * 576),
+}
 
 _SPECS: dict[str, PairSpec] = {
     "qwen-coder": PairSpec(
@@ -85,8 +101,25 @@ _SPECS: dict[str, PairSpec] = {
 # ----------------------------------------------------------------------------------------------
 
 
+def pair_ref(name: str, target_precision: str | None = None) -> str:
+    """A pair with its target precision fixed, as one string ("qwen-coder@bf16"): the app's cache and job key."""
+    return name if target_precision is None else f"{name}@{target_precision}"
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """ "qwen-coder@bf16" -> ("qwen-coder", "bf16"); a plain name -> (name, None: chosen at load)."""
+    name, sep, suffix = ref.rpartition("@") if isinstance(ref, str) else ("", "", "")
+    if sep and suffix in prec.TARGET_PRECISIONS:
+        return name, suffix
+    return ref, None
+
+
 def get_spec(name: str) -> PairSpec:
-    """The spec of a named pair or of an `hf:DRAFT,TARGET` pair (validated, no network)."""
+    """The spec of a named pair or of an `hf:DRAFT,TARGET` pair, either with an optional "@precision" (no network)."""
+    base, precision = split_ref(name)
+    if precision is not None:
+        spec = get_spec(base)
+        return replace(spec, name=name, title=f"{spec.title} · target {precision}")
     if name in _SPECS:
         return _SPECS[name]
     if isinstance(name, str) and name.startswith("hf:"):
@@ -112,25 +145,37 @@ def load_pair(
     draft_precision: str | None = None,
     device: str | None = None,
     progress: LoadProgress | None = None,
+    target_precision: str | None = None,
 ) -> LoadedPair:
-    """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps."""
+    """Load a pair fresh (callers cache it); `progress(fraction, message)` follows the steps.
+
+    A precision left as None is chosen here (models.precision.choose: fp32 target where it fits, the
+    fastest draft as measured); the choice and its reason are part of the result.
+    """
     spec = get_spec(name)
-    check_fit(spec.name)  # before any file is read: a pair that cannot fit is refused, nothing half-loaded
+    name, ref_precision = split_ref(name)
+    check_fit(name)  # before any file is read: a pair that cannot fit is refused (its fp32 estimate: conservative for bf16)
     report = progress or _no_progress
     dev = _resolve_device(device)
-    precision = _resolve_precision(spec.draft_precision if draft_precision is None else draft_precision, dev)
+    choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
+    def finish_draft(model: nn.Module) -> nn.Module:
+        return _set_precision(model, choice.draft, "draft", report)
+
     with torch.no_grad():  # loading needs no autograd graph (no inference tensors: callers may use them freely)
         if name == "tiny-random":
             tokenizer, target, draft = _build_tiny_random()
-        elif name in _PAIR_SOURCES:
-            tokenizer, target, draft = _load_gguf_pair(*_PAIR_SOURCES[name], report)
+            draft = finish_draft(draft)
+        elif name in _PAIR_SOURCES:  # finishes the draft before the target loads (lower peak memory)
+            tokenizer, target, draft = _load_gguf_pair(
+                *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft], finish_draft
+            )
         else:
             tokenizer, target, draft = _load_hf_pair(*_parse_hf(name), report)
+            draft = finish_draft(draft)
         _check_logit_widths(target, draft, spec.name)
-        if precision == "int8":
-            report(0.96, "quantizing the draft to int8 (per channel)")
-            draft = _quantize_int8(draft)
+        target = _set_precision(target, choice.target, "target", report)
         target, draft = _to_device(target, dev), _to_device(draft, dev)
+    _return_freed_memory()
     report(1.0, f"{spec.title} ready")
     return LoadedPair(
         spec=spec,
@@ -140,8 +185,46 @@ def load_pair(
         device=dev,
         eos_ids=_eos_ids(tokenizer, target),
         context_length=_context_length(target, draft),
-        draft_precision=precision,
+        draft_precision=choice.draft,
+        target_precision=choice.target,
+        precision_reason=choice.reason,
+        weight_bytes=_model_bytes(target) + _model_bytes(draft),
     )
+
+
+def choose_precisions(
+    name: str, device: str = "cpu", target: str | None = None, draft: str | None = None
+) -> prec.PrecisionChoice:
+    """The precisions a load of `name` would use on `device` (quick, cached measurement; loads nothing)."""
+    spec = get_spec(name)
+    name, ref_precision = split_ref(name)
+    target = target or ref_precision
+    if device == "cuda" and target == "int8":
+        raise PairError("int8 dynamic quantization runs on CPU only: use fp32 or bf16 on CUDA")
+    if device == "cuda" and draft == "int8":
+        draft = None  # as before: a CUDA draft gets the device's own choice (half precision)
+    t_params, t_embed, d_params, d_embed = _PARAMS.get(name, (0, 0, 0, 0))
+    try:
+        prec.check(target, draft)
+        return prec.choose(
+            device,
+            prec.weight_bytes(t_params, t_embed, "fp32"),
+            prec.weight_bytes(d_params, d_embed, draft or spec.draft_precision),
+            target,
+            draft,
+            draft_fallback=spec.draft_precision,
+        )
+    except ValueError as e:
+        raise PairError(str(e)) from None
+
+
+def memory_estimate(name: str, target_precision: str, draft_precision: str) -> int | None:
+    """Bytes the pair's weights take in these precisions (None for a pair of unknown size)."""
+    name = split_ref(name)[0]
+    if name not in _PARAMS:
+        return None
+    t_params, t_embed, d_params, d_embed = _PARAMS[name]
+    return prec.weight_bytes(t_params, t_embed, target_precision) + prec.weight_bytes(d_params, d_embed, draft_precision)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,48 +247,53 @@ def _resolve_device(device: str | None) -> torch.device:
     return dev
 
 
-def _resolve_precision(precision: str, dev: torch.device) -> str:
-    """Validate the draft precision; int8 dynamic quantization runs on CPU only, so CUDA gets fp32."""
-    if precision not in PRECISIONS:
-        raise PairError(f"draft precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    return "fp32" if dev.type == "cuda" else precision
-
-
 # ----------------------------------------------------------------------------------------------
 # Shared finishing steps
 # ----------------------------------------------------------------------------------------------
 
 
-# Linears left in fp32 by the int8 draft. Dynamic int8 quantizes a layer's *input* too, with one scale for
-# the whole tensor; the input of an MLP's down projection (SiLU(gate)·up) carries a few huge channels, so one
-# scale wipes out the rest. Measured on SmolLM2-135M (story preset, T 0.8, 40 positions): mean Σmin(p, q)
-# 0.43 with every Linear in int8, 0.71 with down_proj kept in fp32, 0.96 for int8 weights alone.
-_FP32_LINEARS = ("down_proj",)
+def _set_precision(model: nn.Module, precision: str, role: str, report: LoadProgress) -> nn.Module:
+    """Bring a freshly loaded model (its own copy) to its precision; a no-op where it was loaded so."""
+    if precision == "int8":
+        report(0.96, f"quantizing the {role} to int8 (per channel)")
+        return prec.quantize_int8(model)
+    dtype = prec.DTYPES[precision]
+    if next(model.parameters()).dtype != dtype:  # hub and tiny models arrive in fp32
+        report(0.96, f"converting the {role} to {precision}")
+        model = model.to(dtype)
+    return model
 
 
-def _int8_linears(model: nn.Module) -> set[str]:
-    """Names of the Linears the int8 draft quantizes (all but the _FP32_LINEARS)."""
-    return {name for name, mod in model.named_modules()
-            if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] not in _FP32_LINEARS}
+def _return_freed_memory() -> None:
+    """Give the heap's freed pages (the fp32 draft before quantization, read buffers) back to the system (glibc only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the memory is reused by later allocations instead
+        pass
 
 
-def _quantize_int8(model: nn.Module) -> nn.Module:
-    """Per-channel int8 dynamic quantization of the nn.Linears (down projections stay fp32), in place.
+def _model_bytes(model: nn.Module) -> int:
+    """Bytes of a model's weights as held now (packed int8 weights counted through their modules' state)."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers(), *_packed_weights(model)]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
 
-    The tied lm_head is replaced by a quantized module holding a packed int8 copy; the fp32 embedding
-    it was tied to is left untouched, and no target tensor is shared with the draft.
-    """
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    spec = {name: per_channel_dynamic_qconfig for name in _int8_linears(model)}
-    with warnings.catch_warnings():  # torch.ao.quantization is deprecated but still the tool for this
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantiz.*", category=UserWarning)
-        try:
-            return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
-        except (RuntimeError, AssertionError) as e:
-            reason = _first_line(e)
-            raise PairError(f"int8 quantization is not available here ({reason}): use draft precision fp32") from e
+def _packed_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The int8 weights of dynamically quantized linears (they are neither parameters nor buffers)."""
+    out = []
+    for m in model.modules():
+        packed = getattr(m, "_packed_params", None)
+        if packed is not None and hasattr(packed, "_weight_bias"):
+            w, _ = packed._weight_bias()
+            out.append(w)
+    return out
 
 
 def _check_logit_widths(target: nn.Module, draft: nn.Module, name: str) -> None:

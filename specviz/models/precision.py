@@ -1,0 +1,239 @@
+"""Precision of the target and the draft: what each costs, which keeps the promise, and the default picked by measuring.
+
+The promise of the app is that greedy speculative output equals the target's own greedy output.
+That needs the target's arithmetic to give each position the same logits whether the position is
+scored alone (a target-only step) or among the k+1 rows of a verify pass. fp32 keeps this in
+practice (row differences ~1e-6); bf16, fp16 and dynamic int8 do not: their per-row results depend
+on the pass shape (bf16 up to 2e-4, and int8 computes one activation scale for the whole pass), so
+where the target's top two tokens are that close the two runs pick differently. So the *target*
+default is fp32 whenever it fits in memory, and the draft (whose precision never touches the
+promise) gets whatever is measured fastest here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from specviz.models.base import PairError, _first_line
+
+Precision = Literal["fp32", "bf16", "int8"]
+TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8")
+DRAFT_PRECISIONS: tuple[str, ...] = ("int8", "bf16", "fp32")
+BIT_EXACT: frozenset[str] = frozenset({"fp32"})  # target precisions whose greedy output keeps the promise here
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
+# bytes per weight: int8 quantizes nn.Linear only; the embedding stays fp32 (see weight_bytes)
+_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}
+_CLEAR_WIN = 0.8  # bf16 must beat the alternative by this factor: one noisy probe on a shared CPU must not flip the choice
+_FIT_SHARE = 0.6  # the fp32 pair must fit in this share of the machine's RAM (the OS, the app and the KV caches need the rest)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One quick measurement of this machine: a target-shaped matmul in fp32, bf16 and int8 (CPU)."""
+
+    device: str  # "cpu" or "cuda"
+    native_bf16: bool  # the CPU reports avx512_bf16 or amx_bf16 (or a CUDA GPU supports bf16)
+    shape: tuple[int, int]  # (in, out) of the timed matmul: the target's MLP up-projection
+    fp32_ms: float  # best of a few, one row (a target-only step)
+    bf16_ms: float
+    int8_ms: float | None  # per-channel dynamic int8 (CPU only; None on CUDA)
+    ram_bytes: int  # total memory of the machine (or of the GPU)
+
+    @property
+    def bf16_speedup(self) -> float:
+        return self.fp32_ms / self.bf16_ms if self.bf16_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """Target and draft precision of one load, and why (shown on stderr, in JSON and in the sidebar)."""
+
+    target: str  # "fp32", "bf16" or "int8"
+    draft: str
+    target_default: bool  # True when the target precision was picked here, not asked for
+    draft_default: bool
+    reason: str  # one line: what was measured and why this choice
+
+    @property
+    def bit_exact(self) -> bool:
+        """Whether greedy speculative output is promised identical to the target's own greedy output."""
+        return self.target in BIT_EXACT
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (avx512_bf16 or AMX); without them bf16 is emulated."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = fh.read()
+    except OSError:  # not Linux: ask oneDNN (it checks the same instructions)
+        return bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _ram_bytes(device: str) -> int:
+    """Total memory the models live in: the GPU's, or the machine's."""
+    if device == "cuda":
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 16 << 30
+
+
+def _best_ms(fn, repeats: int = 5) -> float:
+    """Best wall time of `fn()` in ms after one warm-up call (best, not mean: other processes share the CPU)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, (time.perf_counter() - t) * 1000.0)
+    return best
+
+
+def _int8_linear(weight: torch.Tensor) -> torch.nn.Module | None:
+    """A per-channel dynamic int8 copy of a linear layer with this weight, or None where torch lacks it."""
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight.data = weight
+    try:
+        return quantize_int8(torch.nn.Sequential(layer))
+    except PairError:
+        return None
+
+
+# Linears left in fp32 by int8 quantization. Dynamic int8 quantizes a layer's *input* too, with one scale for
+# the whole tensor; the input of an MLP's down projection (SiLU(gate)·up) carries a few huge channels, so one
+# scale wipes out the rest. Measured on SmolLM2-135M (story preset, T 0.8, 40 positions): mean Σmin(p, q)
+# 0.43 with every Linear in int8, 0.71 with down_proj kept in fp32, 0.96 for int8 weights alone.
+FP32_LINEARS = ("down_proj",)
+
+
+def int8_linears(model: torch.nn.Module) -> set[str]:
+    """Names of the Linears int8 quantization covers (all but the FP32_LINEARS)."""
+    return {name for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in FP32_LINEARS}
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Per-channel int8 dynamic quantization of the nn.Linears (down projections stay fp32), in place on the
+    model's own copy.
+
+    A tied lm_head is replaced by a quantized module holding a packed int8 copy; the fp32 embedding
+    it was tied to is left untouched, and no other model's tensor is shared.
+    """
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch.ao.quantization is deprecated but still the tool for this
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantiz.*", category=UserWarning)
+        try:
+            spec = {name: per_channel_dynamic_qconfig for name in int8_linears(model)}
+            return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+        except (RuntimeError, AssertionError) as e:
+            raise PairError(f"int8 quantization is not available here ({_first_line(e)}): use precision fp32") from e
+
+
+@functools.lru_cache(maxsize=8)
+def probe(device: str = "cpu", shape: tuple[int, int] = (1536, 8960)) -> Probe:
+    """Time one row through a (in, out) matmul in each precision; cached per process (about 0.3 s on a CPU)."""
+    gen = torch.Generator().manual_seed(0)
+    w32 = torch.randn(shape[1], shape[0], generator=gen).to(device)  # (out, in)
+    x32 = torch.randn(1, shape[0], generator=gen).to(device)  # (1, in)
+    w16, x16 = w32.bfloat16(), x32.bfloat16()
+
+    def timed(x: torch.Tensor, w: torch.Tensor) -> float:
+        def run() -> None:
+            torch.nn.functional.linear(x, w)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return _best_ms(run)
+
+    with torch.no_grad():  # not inference_mode: quantize_dynamic needs version counters
+        fp32_ms, bf16_ms = timed(x32, w32), timed(x16, w16)
+        int8_ms = None
+        if device == "cpu":
+            q = _int8_linear(w32)
+            int8_ms = _best_ms(lambda: q(x32)) if q is not None else None
+    native = torch.cuda.is_bf16_supported() if device == "cuda" else native_bf16()
+    return Probe(device, bool(native), shape, fp32_ms, bf16_ms, int8_ms, _ram_bytes(device))
+
+
+def weight_bytes(params: int, embed_params: int, precision: str) -> int:
+    """Bytes of a model's weights in a precision (int8 keeps the input embedding in fp32)."""
+    if precision == "int8":
+        return int((params - embed_params) * _BYTES["int8"] + embed_params * _BYTES["fp32"])
+    return int(params * _BYTES[precision])
+
+
+def choose(
+    device: str,
+    target_fp32_bytes: int,
+    draft_fp32_bytes: int,
+    target: str | None = None,
+    draft: str | None = None,
+    draft_fallback: str = "int8",
+) -> PrecisionChoice:
+    """Fill in the precisions not asked for: the target keeps the promise (fp32) where it fits, the draft runs fastest.
+
+    Target: fp32 when the fp32 pair fits in 60 % of the memory, else bf16 (marked not bit-exact). The
+    speed measurement does not change the target: bf16 is faster only with native bf16 instructions,
+    and even there it breaks the promise (see the module docstring); it stays one click away.
+    Draft: on CUDA half precision; on a CPU the faster of int8 (per channel) and bf16 as measured,
+    or `draft_fallback` where the pair asks for fp32 (models whose layers int8 cannot cover).
+    """
+    check(target, draft)
+    pr = probe(device)
+    fits = target_fp32_bytes + draft_fp32_bytes <= _FIT_SHARE * pr.ram_bytes
+    why: list[str] = []
+    chosen_target = target
+    if chosen_target is None:
+        chosen_target = "fp32" if fits else "bf16"
+        why.append(
+            "target fp32: keeps greedy output identical" if fits else
+            f"target bf16: the fp32 pair needs {_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}"
+        )
+    chosen_draft = draft
+    if chosen_draft is None:
+        chosen_draft = _fastest_draft(pr, draft_fallback)
+        why.append(f"draft {chosen_draft}: " + ("half precision on CUDA" if device == "cuda" else
+                   "the pair's own" if draft_fallback != "int8" else "faster here" if chosen_draft == "bf16" else
+                   "int8 unless native bf16 is clearly faster"))
+    native = "native bf16" if pr.native_bf16 else "no native bf16 (emulated)"
+    int8 = f", int8 {pr.int8_ms:.2f} ms" if pr.int8_ms is not None else ""
+    measured = f"{device}, {native}; one {pr.shape[0]}×{pr.shape[1]} row: fp32 {pr.fp32_ms:.2f} ms, bf16 {pr.bf16_ms:.2f} ms{int8}"
+    return PrecisionChoice(chosen_target, chosen_draft, target is None, draft is None, "; ".join([*why, measured]))
+
+
+def check(target: str | None, draft: str | None) -> None:
+    """ValueError naming the allowed values when a precision asked for is unknown (None = choose here)."""
+    for name, value, allowed in (("target", target, TARGET_PRECISIONS), ("draft", draft, DRAFT_PRECISIONS)):
+        if value is not None and value not in allowed:
+            raise ValueError(f"{name} precision must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _fastest_draft(pr: Probe, fallback: str) -> str:
+    """Half precision on CUDA; on a CPU int8 unless bf16 measured faster; `fallback` when the pair rules int8 out."""
+    if pr.device == "cuda":
+        return "bf16"
+    if fallback != "int8":  # the pair asked for fp32 (int8 does not cover its layers): keep it, predictable
+        return fallback
+    bf16_wins = pr.native_bf16 and pr.bf16_ms < _CLEAR_WIN * min(pr.fp32_ms, pr.int8_ms or pr.fp32_ms)
+    if pr.int8_ms is None:
+        return "bf16" if bf16_wins else "fp32"
+    return "bf16" if bf16_wins else "int8"
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def describe(precision: str) -> str:
+    """The label of a target precision in a select box: whether it keeps the promise here."""
+    return precision if precision in BIT_EXACT else f"{precision} (not bit-exact here)"
