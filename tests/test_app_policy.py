@@ -97,8 +97,8 @@ def test_a_hostile_pair_link_is_refused_with_a_note_and_loads_nothing(raw, guard
     assert set(guarded["loads"]) <= {"tiny-random"}
     assert pairs.pair_store().peek(raw) is None and jobs.runner().get(("watch.spec", raw)) is None
     assert_no_internals(at)
-    assert [o.label for o in at.sidebar.selectbox] == ["Model pair (draft → target)"]
-    assert all("hf:" not in str(o) for o in at.sidebar.selectbox[0].options)
+    assert [o.label for o in at.sidebar.selectbox] == ["Model pair (draft → target)", "Target precision"]
+    assert all("hf:" not in str(o) for box in at.sidebar.selectbox for o in box.options)
 
 
 def test_an_absurd_max_new_tokens_is_clamped_with_a_note(guarded):

@@ -133,7 +133,7 @@ def test_a_classroom_holds_pair_drafter_and_max_new_tokens():
 def test_echoed_link_values_stay_one_short_line_inside_their_code_span():
     evil = "d9`![x](http://evil.example/p.png)`\n# Big\x00"
     got, notes = settings_from_link({"level": evil, "gamma": "9" * 500}, open_policy(), "qwen-coder")
-    assert got.level == "d2" and len(notes) == 2
+    assert got.level == "d1" and len(notes) == 2  # a bad level falls back to the default, D1
     for note in notes:
         assert "\n" not in note and note.count("`") == 2 and len(note) < 160
     assert shown("plain") == "plain"

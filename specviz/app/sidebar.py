@@ -63,7 +63,9 @@ def _init_from_query() -> None:
     rules = current_policy()
     params = st.query_params.to_dict()
     # a link's pair may carry a target precision ("qwen-coder@bf16"): the policy checks the pair, the precision box gets the rest
-    params["pair"], precision = models.split_ref(str(params.get("pair", models.DEFAULT_PAIR)))
+    precision = None
+    if "pair" in params:  # no pair in the link: the operator's default, not the library's
+        params["pair"], precision = models.split_ref(str(params["pair"]))
     settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
     for name in QUERY_KEYS.values():
         st.session_state[K + name] = getattr(settings, name)
