@@ -413,7 +413,7 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
             raise PairError(f"{title}: the cache lacks {sorted(missing)[:3]}; delete {folder} to rebuild it")
         model.tie_weights()
         if (folder / "generation_config.json").is_file():
-            model.generation_config = GenerationConfig.from_json_file(folder / "generation_config.json")
+            model.generation_config = GenerationConfig.from_dict(json.loads((folder / "generation_config.json").read_text()))
     return model.eval()
 
 
