@@ -69,7 +69,6 @@ def _init_from_query() -> None:
     settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
     for name in QUERY_KEYS.values():
         st.session_state[K + name] = getattr(settings, name)
-    st.session_state[K + "pair"] = models.split_ref(settings.pair)[0]  # the pair widget holds the plain name
     st.session_state[K + "precision"] = precision or AUTO
     st.session_state[K + "notes"] = notes
     st.session_state[K + "ready"] = True
