@@ -271,3 +271,43 @@ def test_target_precision_box_and_the_d5_memory_caption():
     assert "bf16 (not bit-exact here)" in box.options and "automatic: fp32" in box.options
     captions = " ".join(c.value for c in at.sidebar.caption)
     assert "Chosen here:" in captions and "Server memory now:" in captions  # D5 sees the choice and the RSS
+
+
+def _drafted_pills(at: AppTest):
+    return [b for b in at.get("button_group") if b.proto.label == "Drafted tokens"]
+
+
+def test_the_chosen_token_pill_stays_chosen_and_switching_shows_that_tokens_rule():
+    """Clicking the chosen pill again must not empty the p/q table (issue 13.6): the pills are required."""
+    at = play_to_end(make_app(level="d5"))
+    for _ in range(40):  # the last round may have drafted nothing (the length limit): step back to one that did
+        if _drafted_pills(at):
+            break
+        at.button(key="watch.back").click().run()
+    pills = _drafted_pills(at)
+    assert len(pills) == 1 and pills[0].proto.required  # the browser keeps one pill chosen: a second click cannot deselect
+    first = html(at)
+    assert '<table class="sv-rule">' in first
+    chosen = pills[0].value
+    others = [i for i in range(len(pills[0].options)) if i != chosen]
+    if others:  # another drafted token: its own row of p, q and the verdict
+        pills[0].set_value(others[0]).run()
+        no_exception(at)
+        assert f"Drafted token {others[0] + 1}:" in html(at) and f"Drafted token {chosen + 1}:" not in html(at)
+
+
+def test_the_page_says_when_this_runs_draft_model_cannot_pay():
+    """The tiny random pair's draft costs nearly a target step and is rarely right: the page says so, from this run."""
+    from specviz.labs import how_far
+    from specviz.viz import watch as watch_view
+
+    at = play_to_end(make_app(level="d5"))
+    ref = at.session_state["watch.run"]
+    spec, plain = jobs.job(ref.spec_key).view(), jobs.job(ref.plain_key).view()
+    trade = how_far.run_tradeoff(spec.generation, plain.generation)
+    expected_line = watch_view.cannot_pay_line(trade, "cpu")
+    assert expected_line is not None, "the tiny pair's draft was expected not to pay; the test needs a pair that does not"
+    warnings = [w.value for w in at.warning]
+    assert expected_line in warnings  # the very sentence computed from this run's own α and c
+    at.radio(key="cfg.level").set_value("d1").run()
+    assert not any("cannot pay" in w.value for w in at.warning)  # D1 gets words, not this engineer's warning

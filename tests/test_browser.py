@@ -95,6 +95,11 @@ def _no_exception(page) -> None:
     assert page.get_by_text("Page not found").count() == 0
 
 
+# a sidebar choice box is an <input>: a long value is cut, not wrapped, so compare its text width with its box
+CUT_SIDEBAR_BOXES = """() => [...document.querySelectorAll('[data-testid="stSidebar"] input[role="combobox"]')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
+
+
 def test_a_teacher_runs_a_demo_in_chromium(server):
     from playwright.sync_api import expect, sync_playwright
 
@@ -106,6 +111,8 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             expect.set_options(timeout=RUN_TIMEOUT_MS)
             page.goto(f"{server}/?pair={PAIR}&level=d5&gamma=4&max_new={MAX_NEW}&speed=fastest")
 
+            expect(page.get_by_label("Model pair (draft → target)")).to_be_visible()
+            assert page.evaluate(CUT_SIDEBAR_BOXES) == []  # the pair's whole name is in view
             prompt = page.get_by_label("Prompt (the models continue this text)")
             prompt.fill(PROMPT)
             prompt.press("Control+Enter")
@@ -136,6 +143,20 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             page.wait_for_timeout(1500)
             _no_exception(page)
             _shot(page, "watch-d1.png", "screenshot-d1.png")
+
+            # clicking the chosen token pill again keeps its p/q table (it used to empty it)
+            page.get_by_text("D5 · Frontier").click()
+            pills = page.get_by_role("radiogroup", name="Drafted tokens")
+            for _ in range(12):  # the last round may have drafted nothing: step back (J) to one that did
+                if pills.count():
+                    break
+                page.keyboard.press("j")
+                page.wait_for_timeout(1500)
+            pills.get_by_role("radio", checked=True).click()
+            page.wait_for_timeout(1500)
+            expect(page.locator(".sv-rule")).to_have_count(1)
+            expect(pills.get_by_role("radio", checked=True)).to_have_count(1)
+            _no_exception(page)
         finally:
             browser.close()
 
@@ -273,6 +294,9 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
             _no_exception(page)
             assert page.evaluate("document.documentElement.scrollWidth") <= 390
             assert page.evaluate(WIDER_THAN_SCREEN) == []
-            _shot(page, "watch-phone.png", "screenshot-phone.png")
+            _shot(page, "watch-phone.png")
+            # the README shows the part a pupil watches: from the rounds down through the text, one phone screen tall
+            top = page.get_by_role("heading", name="Turn by turn").bounding_box()["y"]
+            page.screenshot(path=str(ROOT / "assets" / "screenshot-phone.png"), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
         finally:
             browser.close()

