@@ -332,14 +332,26 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
         textbook = full.expected_speedup if full else None  # both from the run's one Comparison record
         with_cost = full.expected_speedup_measured_verify if full else None
         d1c.metric(L["metric_c"], f"{c:.3f}" if c is not None else "…", **_measuring(c))
-        d2c.metric(L["metric_expected"], f"{textbook:.2f}×" if textbook else "…", **_measuring(textbook),
-                   help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α (accepted ÷ checked) and measured c: "
-                        "a verify pass counted as one target step")
-        d3c.metric(L["metric_expected_cost"], f"{with_cost:.2f}×" if with_cost else "…", **_measuring(with_cost),
-                   help="The same formula with the measured cost of this run's verify pass in place of the 1")
+        if spec.generation and spec.generation.drafter == "tree":  # the chain formula does not describe a tree
+            cost = full.verify_steps if full else None
+            d2c.metric("nodes per tree", f"{full.gamma:.1f}" if full else "…", **_measuring(full.gamma if full else None))
+            d3c.metric("tree pass cost", f"{cost:.2f} steps" if cost else "…", **_measuring(cost),
+                       help="What one target pass over the whole tree costs, in one-token target steps, measured here. "
+                            "Leviathan's expected speed-up is for chains, so it is not shown for trees.")
+        else:
+            _expected_metrics(d2c, d3c, textbook, with_cost, L)
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
                lambda: watch_view.running_figure(points, L, font_size(s)))
+
+
+def _expected_metrics(left: Any, right: Any, textbook: float | None, with_cost: float | None, L: Any) -> None:
+    """Leviathan's expected speed-up, textbook and with the measured verify cost (chains only)."""
+    left.metric(L["metric_expected"], f"{textbook:.2f}×" if textbook else "…", **_measuring(textbook),
+                help="(1 − α^(γ+1)) / ((1 − α)(γc + 1)) with this run's α (accepted ÷ checked) and measured c: "
+                     "a verify pass counted as one target step")
+    right.metric(L["metric_expected_cost"], f"{with_cost:.2f}×" if with_cost else "…", **_measuring(with_cost),
+                 help="The same formula with the measured cost of this run's verify pass in place of the 1")
 
 
 def _metric_slots(n: int, s: Settings) -> list[Any]:
@@ -549,7 +561,10 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
         lesson_md("d5", "rule")
     with st.expander("Leviathan's trade-off", expanded=True):
         lesson_md("d5", "tradeoff")
-        if spec and plain and spec.generation and plain.generation:
+        if spec and spec.generation and spec.generation.drafter == "tree":
+            st.caption("These curves describe a chain of γ guesses. A tree run has no such curve here: "
+                       "read its tokens per target call and its tree pass cost above.")
+        elif spec and plain and spec.generation and plain.generation:
             trade = how_far.run_tradeoff(spec.generation, plain.generation)
             if trade is not None:
                 chart(watch_view.tradeoff_figure(trade.textbook, trade.with_cost, trade.gamma, trade.measured,

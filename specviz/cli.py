@@ -98,6 +98,8 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-branching", type=int, default=d.branching,
                    help=f"children per expanded node and nodes expanded per level (default {d.branching}; 1 = a chain)")
     p.add_argument("--tree-depth", type=int, default=d.depth, help=f"longest branch (default {d.depth})")
+    p.add_argument("--tree-min-score", type=float, default=d.min_score,
+                   help=f"leave out nodes the draft rates below this path probability (default {d.min_score}; 0 = none)")
 
 
 def tree_config(args: argparse.Namespace) -> Any:
@@ -105,7 +107,8 @@ def tree_config(args: argparse.Namespace) -> Any:
     from specviz.core.tree import TreeConfig
 
     try:
-        return TreeConfig(budget=args.tree_budget, branching=args.tree_branching, depth=args.tree_depth)
+        return TreeConfig(budget=args.tree_budget, branching=args.tree_branching, depth=args.tree_depth,
+                          min_score=args.tree_min_score)
     except ValueError as e:
         raise CliError(f"--{str(e).replace('tree ', 'tree-', 1)}") from None
 

@@ -73,7 +73,9 @@ def test_quick_end_to_end_on_tiny_random(tmp_path: Path) -> None:
     assert spec["acceptance_rate"].between(0, 1).all() and spec["alpha_checked"].between(0, 1).all()
     assert (spec["alpha_checked"] >= spec["acceptance_rate"] - 1e-9).all(), "checked positions are never more than drafted"
     assert (spec["tokens_per_target_call"] >= 1).all()
-    assert (spec["c"] > 0).all() and (spec["expected_speedup"] > 0).all()
+    chain, tree = spec[spec["method"] != "spec-tree"], spec[spec["method"] == "spec-tree"]
+    assert (spec["c"] > 0).all() and (chain["expected_speedup"] > 0).all()
+    assert len(tree) and tree["expected_speedup"].isna().all()  # Leviathan's chain formula is not applied to trees
     hf = df[df["family"] == "hf"]
     assert hf["acceptance_rate"].isna().all() and hf["c"].isna().all(), "not observable for transformers' methods"
     assert hf["identical_to_baseline"].notna().all()

@@ -99,3 +99,17 @@ def test_effective_gamma_is_mean_drafted_when_drafts_vary():
     assert metrics.compare(fixed).gamma == 4.0
     adaptive = Generation(**{**fixed.__dict__, "config": GenerationConfig(gamma=16, adaptive=True)})
     assert metrics.compare(adaptive).gamma == pytest.approx(3.0)
+
+
+def test_a_tree_run_counts_its_nodes_as_gamma_and_gets_no_chain_formula():
+    """A tree's γ is its mean node count (not the chain setting), and Leviathan's chain formula is not applied to it."""
+    from dataclasses import replace
+
+    rounds = [_round(16, 5, 6 * 30.0, 150.0), _round(12, 3, 6 * 30.0, 140.0)]
+    tree = replace(_gen(rounds, tuple(range(10)), 700.0), drafter="tree")
+    cmp = metrics.compare(tree, _baseline())
+    assert cmp.gamma == pytest.approx(14.0)
+    assert cmp.expected_speedup is None and cmp.expected_speedup_measured_verify is None
+    assert cmp.tokens_per_target_call == pytest.approx(5.0) and cmp.speedup is not None
+    chain = metrics.compare(_gen(rounds, tuple(range(10)), 700.0), _baseline())  # the same rounds drawn as a chain
+    assert chain.expected_speedup is not None

@@ -135,7 +135,7 @@ def test_pick_children_keeps_the_sample_first_and_skips_removed_tokens():
 
 
 def test_drafted_tree_respects_budget_depth_and_parents(target, other):
-    cfg = TreeConfig(budget=10, branching=3, depth=4)
+    cfg = TreeConfig(budget=10, branching=3, depth=4, min_score=0.0)  # no pruning: the budget is filled
     session = TreeDrafter(other, cfg).start(PROMPT, SamplingConfig("greedy"), 12)
     tree = session.propose_tree(PROMPT, 99, torch.Generator())
     assert len(tree.tokens) == 10 and max(tree.depths) <= 4 and tree.q.shape == (11, 12)
@@ -149,8 +149,34 @@ def test_drafted_tree_respects_budget_depth_and_parents(target, other):
     assert max(session.propose_tree(PROMPT, 2, torch.Generator()).depths) == 2  # the budget bounds the depth
 
 
+def test_min_score_leaves_out_unlikely_nodes_but_never_the_best_one(target, other):
+    """Nodes the draft rates below min_score (path probability) are neither expanded nor verified; the best stays."""
+    full = TreeDrafter(other, TreeConfig(budget=24, branching=3, depth=6, min_score=0.0)).start(
+        PROMPT, SamplingConfig("greedy"), 12).propose_tree(PROMPT, 99, torch.Generator())
+    for floor in (0.05, 0.3, 0.99):
+        session = TreeDrafter(other, TreeConfig(budget=24, branching=3, depth=6, min_score=floor)).start(
+            PROMPT, SamplingConfig("greedy"), 12)
+        tree = session.propose_tree(PROMPT, 99, torch.Generator())
+        scores = _path_scores(other, tree)
+        assert len(tree.tokens) >= 1 and all(par < i for i, par in enumerate(tree.parents))
+        assert all(sc >= floor for sc in scores[1:]) and scores[0] == max(scores)  # only the best may fall below
+        assert len(tree.tokens) <= len(full.tokens)
+
+
+def _path_scores(model, tree) -> list[float]:
+    """The draft's path probability of each node (softmax of its logits along the branch), from plain passes."""
+    out = []
+    for node in range(len(tree.tokens)):
+        ids, score = list(PROMPT), 1.0
+        for i in tree.branch(node):
+            score *= float(torch.softmax(plain_last_logits(model, ids).float(), -1)[tree.tokens[i]])
+            ids.append(tree.tokens[i])
+        out.append(score)
+    return out
+
+
 def test_branching_one_drafts_the_chain(target, other):
-    tree = TreeDrafter(other, TreeConfig(budget=5, branching=1, depth=5)).start(
+    tree = TreeDrafter(other, TreeConfig(budget=5, branching=1, depth=5, min_score=0.0)).start(
         PROMPT, SamplingConfig("greedy"), 12).propose_tree(PROMPT, 99, torch.Generator())
     ids = list(PROMPT)
     for _ in range(5):
@@ -355,7 +381,8 @@ def test_greedy_tree_with_the_target_as_drafter_never_rejects(target):
 
 
 def test_tree_round_records_the_whole_tree(target, other):
-    spec = drain(speculative_generate(target, TreeDrafter(other, TreeConfig(12, 3, 4)), TOK, PROMPT, _greedy(40)))
+    spec = drain(speculative_generate(target, TreeDrafter(other, TreeConfig(12, 3, 4, min_score=0.0)), TOK, PROMPT,
+                                      _greedy(40)))  # no pruning: the trees are full, so some nodes go unreached
     position = 0
     for r in spec.rounds:
         t = r.tree

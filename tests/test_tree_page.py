@@ -45,3 +45,12 @@ def test_watch_page_plays_a_tree_run_on_tiny_random():
     assert 'class="sv-tree"' in page and "guesses in a tree" in page
     assert "sv-acc" in page
     assert "tree of guesses" in texts(at).lower() or "branch" in texts(at).lower()
+
+
+def test_a_tree_run_at_d5_shows_its_pass_cost_not_the_chain_formula():
+    at = play_to_end(make_app(drafter="tree", level="d5"))
+    metrics = {m.label: m.value for m in at.metric}
+    assert "nodes per tree" in metrics and metrics["tree pass cost"].endswith("steps")
+    assert float(metrics["nodes per tree"]) >= 1.0
+    assert not any(label.startswith("expected") for label in metrics)  # Leviathan's formula is for chains
+    assert "A tree run has no such curve here" in texts(at)

@@ -19,6 +19,7 @@ from specviz.core import metrics
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
+from specviz.core.tree import TreeConfig
 from specviz.core.sampling import SamplingConfig
 from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
@@ -75,8 +76,9 @@ METHODS: tuple[Method, ...] = (
     Method("spec-g8", "ours", "speculative, model drafter, γ=8", "model", 8),
     Method("spec-adaptive", "ours", "speculative, model drafter, adaptive γ ≤ 16 (confidence stop + throughput switch)",
            "model", 16, adaptive=True),
-    Method("spec-tree", "ours", "speculative, model drafter, token tree (TreeConfig defaults: budget 16, branching 2, "
-           "depth 6), one target pass per tree", "tree"),
+    Method("spec-tree", "ours", "speculative, model drafter, token tree (TreeConfig defaults: budget {t.budget}, "
+           "branching {t.branching}, depth {t.depth}, min score {t.min_score}), one target pass per tree".format(t=TreeConfig()),
+           "tree"),
     Method("hf-plain", "hf", "transformers generate, target alone"),
     Method("hf-assisted", "hf", "transformers assisted generation, assistant_model = the draft (default schedule)",
            assistant=True),
@@ -430,7 +432,8 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
     wl = WORKLOADS_BY_NAME.get(workload)
     ms = statistics.median(r.ms_per_token for r in recs)
     alpha, c, gamma = _median(r.alpha_checked for r in recs), _median(r.c for r in recs), _median(r.gamma for r in recs)
-    expected = metrics.expected_speedup(alpha, gamma, c) if None not in (alpha, gamma, c) and gamma > 0 else None
+    chain = spec is None or spec.drafter is None or metrics.chain_formula_applies(spec.drafter)
+    expected = metrics.expected_speedup(alpha, gamma, c) if chain and None not in (alpha, gamma, c) and gamma > 0 else None
     greedy = mode == "greedy"
     is_hf = spec.family == "hf" if spec else method.startswith("hf-")
     rss = [r.peak_rss_mb for r in recs if r.peak_rss_mb is not None]

@@ -125,7 +125,8 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         "α (checked), γ and c, which assumes a verify pass costs one target step; expected (measured verify) puts the "
         "verify pass's measured cost in target steps in place of that 1 (median over repeats). γ is the configured "
         "draft length, or for `spec-adaptive` and `ngram` the mean number drafted per drafting round; for `spec-tree` the "
-        "drafted are all tree nodes and γ the nodes per tree, so read its tokens per target call. These figures "
+        "drafted are all tree nodes, γ the mean nodes per tree and c the draft ms per node; the chain formula does not "
+        "describe a tree, so its expected columns are blank: read its tokens per target call. These figures "
         "come from specviz.core.metrics.compare and are not observable for transformers' methods (blank).",
         "- = target / = hf-plain (greedy only): every repeat produced exactly the same tokens as ours target-only / "
         "transformers' plain generate.",

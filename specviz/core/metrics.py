@@ -182,14 +182,14 @@ class Comparison:
     alpha_checked: float | None  # accepted ÷ checked: Leviathan's α, the only α the formulas read
     tokens_per_target_call: float | None
     ms_per_token: float  # the speculative run's decode ms per new token
-    gamma: float  # the configured γ, or the mean drafted per drafting round when adaptive / n-gram
+    gamma: float  # the configured γ, or the mean drafted per drafting round when adaptive / n-gram / tree (nodes)
     baseline_ms_per_token: float | None = None
     target_step_ms: float | None = None  # median one-token step of the baseline
     draft_ms_per_token: float | None = None  # median per-round draft ms ÷ tokens drafted
     c: float | None = None  # draft_ms_per_token ÷ target_step_ms
     speedup: float | None = None  # measured: baseline ms/token ÷ speculative ms/token
-    expected_speedup: float | None = None  # textbook Leviathan from alpha_checked, γ, c (verify = 1 step)
-    verify_steps: float | None = None  # measured cost of a (γ+1)-token verify pass, in target steps
+    expected_speedup: float | None = None  # textbook Leviathan from alpha_checked, γ, c (verify = 1 step); None for trees
+    verify_steps: float | None = None  # measured cost of a (γ+1)-token verify pass (a tree: its nodes + 1), in target steps
     expected_speedup_measured_verify: float | None = None  # Leviathan with verify_steps in place of 1
     identical: bool | None = None  # greedy only: the same tokens as the baseline
     divergence: Divergence | None = None  # greedy only: where they first differ
@@ -200,10 +200,16 @@ class Comparison:
 
 
 def effective_gamma(spec: Generation) -> float:
-    """The configured γ, or the mean drafted per drafting round where drafts vary (adaptive, n-gram)."""
-    if spec.config.adaptive or spec.drafter == "ngram":
+    """The configured γ, or the mean drafted per drafting round where drafts vary (adaptive, n-gram, the
+    nodes of a tree)."""
+    if spec.config.adaptive or spec.drafter in ("ngram", "tree"):
         return mean_draft_length(spec.rounds) or 0.0
     return float(spec.config.gamma)
+
+
+def chain_formula_applies(drafter: str) -> bool:
+    """Leviathan's formula describes a chain of guesses; a tree's tokens per pass follow other odds (no formula here)."""
+    return drafter != "tree"
 
 
 def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:
@@ -219,7 +225,7 @@ def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:
     c = measured_c(rounds, step)
     fit = verify_fit_of(baseline, rounds)
     verify = fit.steps(gamma + 1) if fit and gamma else None
-    known = alpha is not None and c is not None and gamma > 0
+    known = alpha is not None and c is not None and gamma > 0 and chain_formula_applies(spec.drafter)
     greedy = spec.config.sampling.greedy
     return Comparison(
         **own, baseline_ms_per_token=baseline.ms_per_token, target_step_ms=step, c=c,

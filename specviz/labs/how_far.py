@@ -163,9 +163,10 @@ class RunTradeoff:
 
 
 def run_tradeoff(spec: Generation, baseline: Generation) -> RunTradeoff | None:
-    """The run's Comparison (α checked, robust c, γ, measured speed-up) on Leviathan's curves; None until measurable."""
+    """The run's Comparison (α checked, robust c, γ, measured speed-up) on Leviathan's curves; None until measurable
+    and for trees (the curves describe a chain of guesses)."""
     cmp = metrics.compare(spec, baseline)
-    if cmp.alpha_checked is None or cmp.c is None:
+    if cmp.alpha_checked is None or cmp.c is None or not metrics.chain_formula_applies(spec.drafter):
         return None
     gamma = cmp.gamma or float(spec.config.gamma)
     fit = run_verify_fit(spec, baseline)
