@@ -452,6 +452,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per method, >= 3 (default 3); medians are shown")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per run (default 64; 32 with --quick)")
     p.add_argument("--workloads", default=None, help="comma-separated: code,json,list,copy,story,poem")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated: greedy,sample (sample: T 0.7; default both, greedy with --quick)")
     p.add_argument("--methods", default=None,
                    help="comma-separated: target,spec-g2,spec-g4,spec-g8,spec-adaptive,spec-tree,hf-plain,"
                    "hf-assisted,hf-lookup,ngram (target always runs: it is the baseline)")
@@ -474,7 +476,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             pairs=pairs, quick=args.quick, workloads=args.workloads, methods=args.methods, repeats=args.repeats,
             max_new_tokens=args.max_new_tokens, out_dir=args.out, device=args.device,
             draft_precision=args.draft_precision, command=f"python -m {PROG} {shlex.join(sys.argv[1:])}",
-            target_precision=args.target_precision,
+            target_precision=args.target_precision, modes=args.modes,
         )
         results = bench.run_bench(config, report.write_reports, progress=progress)
     except bench.BenchError as e:

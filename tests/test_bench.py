@@ -298,3 +298,10 @@ def test_peak_rss_and_names() -> None:
         assert bench.peak_rss_mb() > 0
     assert report.safe_name("hf:HuggingFaceTB/SmolLM2-135M,./x") == "hf_HuggingFaceTB_SmolLM2-135M_._x"
     assert report.safe_name("qwen-coder") == "qwen-coder"
+
+
+def test_modes_can_be_chosen_and_a_bad_one_is_refused() -> None:
+    assert bench.make_config(quick=True, modes="sample").modes == ("sample",)
+    assert bench.make_config(quick=True).modes == ("greedy",) and bench.make_config().modes == bench.MODES
+    with pytest.raises(bench.BenchError, match="unknown modes 'beam'"):
+        bench.make_config(modes="greedy,beam")

@@ -161,6 +161,33 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             browser.close()
 
 
+def test_the_watch_page_plays_a_token_tree_in_chromium(server):
+    """A tree run: every round drawn as a tree (accepted path, struck rejections, faded unreached), at D2."""
+    from playwright.sync_api import expect
+
+    with _chromium_page(2300, RUN_TIMEOUT_MS) as page:
+        page.goto(f"{server}/?pair={PAIR}&level=d2&drafter=tree&max_new={MAX_NEW}&speed=fastest")
+        prompt = page.get_by_label("Prompt (the models continue this text)")
+        prompt.fill(PROMPT)
+        prompt.press("Control+Enter")
+        page.get_by_role("button", name=PLAY).click()
+        expect(page.locator(".sv-tree").first).to_be_visible()
+        expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
+        for _ in range(60):
+            if page.get_by_role("button", name=PLAY).count():
+                break
+            page.wait_for_timeout(1000)
+        page.wait_for_timeout(1500)
+        _no_exception(page)
+        trees = page.locator(".sv-tree")
+        assert trees.count() >= 1 and trees.locator(".sv-acc").count() >= 1
+        expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
+        _shot(page, "watch-tree.png")
+        # the README shows the tree picture itself (the page scrolls inside its own container: a page shot stops short of it)
+        trees.first.scroll_into_view_if_needed()
+        trees.first.screenshot(path=str(ROOT / "assets" / "screenshot-tree.png"))
+
+
 XSS_PROMPT = ('Say <img src=x onerror="window.__xss=1;alert(1)"> and <script>window.__xss=2;alert(2)</script> '
               "then **bold** $x^2$ [a](javascript:alert(3))")
 

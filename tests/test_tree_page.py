@@ -54,3 +54,34 @@ def test_a_tree_run_at_d5_shows_its_pass_cost_not_the_chain_formula():
     assert float(metrics["nodes per tree"]) >= 1.0
     assert not any(label.startswith("expected") for label in metrics)  # Leviathan's formula is for chains
     assert "A tree run has no such curve here" in texts(at)
+
+
+def _lane_round(verdicts, path, origin):
+    """A tree round as the engine records it: chain fields list the accepted branch first, then the other nodes."""
+    nodes = [_node(10 + i, f"t{i}", -1 if i == 0 or verdicts[i] != "accepted" else i - 1, 1, v, tried=v != "unreached")
+             for i, v in enumerate(verdicts)]
+    on_path = set(path)
+    order = list(path) + [i for i in range(len(nodes)) if i not in on_path]
+    n = len(order)
+    return RoundTrace(0, 0, tuple(nodes[i].token for i in order), tuple(nodes[i].text for i in order), (0.5,) * n,
+                      (0.4,) * n, (0.5,) * n, (0.1,) * n, tuple(k < len(path) for k in range(n)), len(path), 7, "!",
+                      origin, None, None, None, 1.0, 2.0, tree=TreeTrace(tuple(nodes), tuple(path)))
+
+
+def test_a_tree_lane_marks_off_branch_nodes_by_their_own_verdict():
+    """Nodes off the accepted branch were rejected or never reached: the lane must not call the first one "rejected"."""
+    from specviz.lessons import labels
+    from specviz.viz import playback as pb
+    from specviz.viz import strip
+
+    r = _lane_round(["accepted", "accepted", "unreached", "unreached"], [0, 1], "bonus")
+    end = pb.lane_state(r, pb.round_frames(r) - 1)
+    lane = strip.lane_html(r, end, labels("d2"))
+    assert lane.count("sv-acc") == 2 and "sv-rej" not in lane and lane.count("sv-struck") == 2
+    assert "kept 2 along one branch of the 4-guess tree to its end, plus 1 bonus" in lane
+    assert "kept all 4" not in lane
+    assert [strip.draft_verdict(r, i) for i in range(4)] == ["accepted", "accepted", "unreached", "unreached"]
+    assert "another branch of the tree" in strip.rule_table_html(r, 2, "d2", True)
+    rejected = _lane_round(["accepted", "rejected", "unreached"], [0], "correction")
+    lane = strip.lane_html(rejected, pb.lane_state(rejected, pb.round_frames(rejected) - 1), labels("d5"))
+    assert lane.count("sv-rej") == 1 and lane.count("sv-struck") == 1 and "path n = 1 of 3 nodes" in lane

@@ -144,6 +144,7 @@ def make_config(
     draft_precision: str | None = None,
     command: str = "",
     target_precision: str | None = None,
+    modes: str | None = None,
 ) -> BenchConfig:
     """The run's settings from command-line values: --quick picks smaller defaults, explicit values win."""
     repeats = MIN_REPEATS if repeats is None else repeats
@@ -159,7 +160,7 @@ def make_config(
         pairs=tuple(dict.fromkeys(pairs)) if pairs else (QUICK_PAIRS if quick else FULL_PAIRS),
         workloads=wl,
         methods=ms,
-        modes=("greedy",) if quick else MODES,
+        modes=_split_names(modes, list(MODES), "modes") or (("greedy",) if quick else MODES),  # type: ignore[arg-type]
         repeats=repeats,
         max_new_tokens=tokens,
         out_dir=Path(out_dir),

@@ -37,8 +37,21 @@ def _token_box(text: str, cls: str, mark: str = "", title: str = "") -> str:
     return f'<span class="sv-tok {cls}"{title_attr}>{token_label(text)}{mark_html}</span>'
 
 
+def tree_lane_verdicts(r: RoundTrace) -> tuple[str, ...]:
+    """A tree round's node verdicts in lane order (its accepted branch first, then the other nodes in tree order)."""
+    assert r.tree is not None
+    on_path = set(r.tree.path)
+    order = list(r.tree.path) + [i for i in range(len(r.tree.nodes)) if i not in on_path]
+    return tuple(r.tree.nodes[i].verdict for i in order)
+
+
 def _draft_box(r: RoundTrace, i: int, state: LaneState, labels: Labels) -> str:
     text = r.draft_texts[i]
+    if r.tree is not None and i >= r.n_accepted and state.verdicts_shown > r.n_accepted:
+        # off the accepted branch a tree node was either tried and rejected or never reached: not "the first rejection"
+        if tree_lane_verdicts(r)[i] == "rejected":
+            return _token_box(text, "sv-rej", MARKS["rejected"], labels.get("rejected", "rejected"))
+        return _token_box(text, "sv-struck", "", labels.get("unreached", "never checked"))
     if i < state.verdicts_shown:
         if r.accepted[i]:
             return _token_box(text, "sv-acc", MARKS["accepted"], labels.get("accepted", "accepted"))
@@ -58,7 +71,8 @@ def lane_html(r: RoundTrace, state: LaneState, labels: Labels, current: bool = F
         boxes = [f'<span class="sv-none">{_label(labels, "no_guess")}</span>']
     if state.final_shown:
         own = _token_box(r.next_text, f"sv-{r.next_origin[:3]}", MARKS[r.next_origin], labels.get(r.next_origin, ""))
-        summary = _label(labels, f"summary_{r.next_origin}", n=r.n_accepted, k=k, added=r.n_accepted + 1)
+        tree = "tree_" if r.tree is not None and r.next_origin != "target" else ""
+        summary = _label(labels, f"summary_{tree}{r.next_origin}", n=r.n_accepted, k=k, added=r.n_accepted + 1)
     else:
         own = '<span class="sv-tok sv-slot sv-wait" aria-hidden="true">…</span>'
         summary = _label(labels, "guessing" if state.phase == "draft" else "checking")
@@ -157,8 +171,18 @@ def pill_label(r: RoundTrace, i: int, verdict_shown: bool) -> str:
     text = "".join(VISIBLE.get(ch, ch) for ch in text) or "∅"
     mark = ""
     if verdict_shown:
-        mark = " " + (MARKS["accepted"] if r.accepted[i] else MARKS["rejected"] if i == r.n_accepted else "—")
+        mark = " " + {"accepted": MARKS["accepted"], "rejected": MARKS["rejected"]}.get(draft_verdict(r, i), "—")
     return f"{i + 1}: {md_escape(text)}{mark}"
+
+
+def draft_verdict(r: RoundTrace, i: int) -> str:
+    """What became of drafted token i: accepted, rejected, or unreached (a chain: after the rejection; a tree:
+    on another branch)."""
+    if r.accepted[i]:
+        return "accepted"
+    if r.tree is not None:
+        return tree_lane_verdicts(r)[i]
+    return "rejected" if i == r.n_accepted else "unreached"
 
 
 def rule_table_html(r: RoundTrace, i: int, level: str, verdict_shown: bool) -> str:
@@ -170,14 +194,20 @@ def rule_table_html(r: RoundTrace, i: int, level: str, verdict_shown: bool) -> s
     }.get(level, ("big model", "helper", "keep chance", "dice"))
     # before the verdict only the draft's q is known: p, the keep chance and the dice would give the answer away
     shown = (p, q, a, u) if verdict_shown else (None, q, None, None)
-    rows = "".join(f"<tr><th>{esc(n)}</th><td>{'after the check' if v is None else f'{v:.4f}'}</td></tr>"
+    outcome = draft_verdict(r, i)
+    if verdict_shown and outcome == "unreached" and r.tree is not None:
+        shown = (p, q, None, None)  # a tree node off the decided branch was never tried: no keep chance, no dice
+    empty = "after the check" if not verdict_shown else "— (never tried)"
+    rows = "".join(f"<tr><th>{esc(n)}</th><td>{empty if v is None else f'{v:.4f}'}</td></tr>"
                    for n, v in zip(names, shown))
     if not verdict_shown:
         verdict = "not checked yet"
-    elif r.accepted[i]:
+    elif outcome == "accepted":
         verdict = f"u = {u:.3f} < {a:.3f} → accepted ✓"
-    elif i == r.n_accepted:
+    elif outcome == "rejected":
         verdict = f"u = {u:.3f} ≥ {a:.3f} → rejected ✗"
+    elif r.tree is not None:
+        verdict = "never checked: it hangs on another branch of the tree"
     else:
         verdict = "never checked: an earlier token was rejected"
     token = token_label(r.draft_texts[i])
