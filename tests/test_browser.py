@@ -89,6 +89,14 @@ def _shot(page, name: str, readme_copy: str | None = None) -> None:
         shutil.copyfile(path, ROOT / "assets" / readme_copy)
 
 
+def _wait_for_the_replay_end(page, seconds: int) -> None:
+    """Wait (up to `seconds`) until the replay stops: the Pause button turns back into Play."""
+    for _ in range(seconds):
+        if page.get_by_role("button", name=PLAY).count():
+            return
+        page.wait_for_timeout(1000)
+
+
 def _no_exception(page) -> None:
     boxes = page.locator('[data-testid="stException"]')
     assert boxes.count() == 0, boxes.first.inner_text()
@@ -126,10 +134,7 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             expect(page.locator(".sv-rej").first).to_be_visible()
             # the race appears once both runs are measured; then jump the replay to the end
             expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
-            for _ in range(60):
-                if page.get_by_role("button", name=PLAY).count():
-                    break
-                page.wait_for_timeout(1000)
+            _wait_for_the_replay_end(page, 60)
             speed = page.locator('[data-testid="stMetric"]').filter(has_text="speed-up")
             expect(speed.first).to_contain_text(re.compile(r"\d+\.\d\d×"))
             expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
@@ -173,10 +178,7 @@ def test_the_watch_page_plays_a_token_tree_in_chromium(server):
         page.get_by_role("button", name=PLAY).click()
         expect(page.locator(".sv-tree").first).to_be_visible()
         expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
-        for _ in range(60):
-            if page.get_by_role("button", name=PLAY).count():
-                break
-            page.wait_for_timeout(1000)
+        _wait_for_the_replay_end(page, 60)
         page.wait_for_timeout(1500)
         _no_exception(page)
         trees = page.locator(".sv-tree")
@@ -208,10 +210,7 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
             expect.set_options(timeout=RUN_TIMEOUT_MS)
             page.goto(f"{server}/?pair=tiny-random&level=d2&max_new=12&speed=fastest&autoplay=1&prompt={quote(XSS_PROMPT)}")
             expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
-            for _ in range(30):  # let the replay reach its end, so every token is on screen
-                if page.get_by_role("button", name=PLAY).count():
-                    break
-                page.wait_for_timeout(1000)
+            _wait_for_the_replay_end(page, 30)  # let the replay reach its end, so every token is on screen
             _no_exception(page)
             text = page.locator(".sv-text").first
             expect(text).to_contain_text('<img src=x onerror="window.__xss=1;alert(1)">')
@@ -313,10 +312,7 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
             inside = box.evaluate("""b => { const c = b.querySelector('.sv-caret').getBoundingClientRect();
                                            const r = b.getBoundingClientRect(); return c.bottom <= r.bottom + 1 && c.top >= r.top - 1; }""")
             assert inside
-            for _ in range(90):
-                if page.get_by_role("button", name=PLAY).count():
-                    break
-                page.wait_for_timeout(1000)
+            _wait_for_the_replay_end(page, 90)
             page.wait_for_timeout(1500)
             _no_exception(page)
             assert page.evaluate("document.documentElement.scrollWidth") <= 390

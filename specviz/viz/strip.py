@@ -49,7 +49,7 @@ def _draft_box(r: RoundTrace, i: int, state: LaneState, labels: Labels) -> str:
     text = r.draft_texts[i]
     if r.tree is not None and i >= r.n_accepted and state.verdicts_shown > r.n_accepted:
         # off the accepted branch a tree node was either tried and rejected or never reached: not "the first rejection"
-        if tree_lane_verdicts(r)[i] == "rejected":
+        if draft_verdict(r, i) == "rejected":
             return _token_box(text, "sv-rej", MARKS["rejected"], labels.get("rejected", "rejected"))
         return _token_box(text, "sv-struck", "", labels.get("unreached", "never checked"))
     if i < state.verdicts_shown:
