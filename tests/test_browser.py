@@ -108,6 +108,11 @@ CUT_SIDEBAR_BOXES = """() => [...document.querySelectorAll('[data-testid="stSide
   .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.value)"""
 
 
+# a metric label that does not fit its column: Streamlit ends it in "…" unless assets/style.css lets it wrap
+CUT_METRIC_LABELS = """() => [...document.querySelectorAll('[data-testid="stMetricLabel"] .stMarkdownEllipsis')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1 || e.offsetHeight < e.scrollHeight - 1).map(e => e.textContent)"""
+
+
 def test_a_teacher_runs_a_demo_in_chromium(server):
     from playwright.sync_api import expect, sync_playwright
 
@@ -139,6 +144,7 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
             expect(speed.first).to_contain_text(re.compile(r"\d+\.\d\d×"))
             expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
             _no_exception(page)
+            assert page.evaluate(CUT_METRIC_LABELS) == []  # D5's long labels ("expected (measured verify cost)") whole
             assert "<img" not in page.locator(".sv-text").first.inner_html()
             _shot(page, "watch-d5.png", "screenshot-d5.png")
 
@@ -183,6 +189,7 @@ def test_the_watch_page_plays_a_token_tree_in_chromium(server):
         _no_exception(page)
         trees = page.locator(".sv-tree")
         assert trees.count() >= 1 and trees.locator(".sv-acc").count() >= 1
+        assert page.evaluate(CUT_METRIC_LABELS) == []  # "tokens / target call" whole at 1280 px
         expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
         _shot(page, "watch-tree.png")
         # the README shows the tree picture itself (the page scrolls inside its own container: a page shot stops short of it)
