@@ -114,62 +114,55 @@ CUT_METRIC_LABELS = """() => [...document.querySelectorAll('[data-testid="stMetr
 
 
 def test_a_teacher_runs_a_demo_in_chromium(server):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 2300})
-            page.set_default_timeout(RUN_TIMEOUT_MS)
-            expect.set_options(timeout=RUN_TIMEOUT_MS)
-            page.goto(f"{server}/?pair={PAIR}&level=d5&gamma=4&max_new={MAX_NEW}&speed=fastest")
+    with _chromium_page(2300, RUN_TIMEOUT_MS, width=1440) as page:
+        page.goto(f"{server}/?pair={PAIR}&level=d5&gamma=4&max_new={MAX_NEW}&speed=fastest")
 
-            expect(page.get_by_label("Model pair (draft → target)")).to_be_visible()
-            assert page.evaluate(CUT_SIDEBAR_BOXES) == []  # the pair's whole name is in view
-            prompt = page.get_by_label("Prompt (the models continue this text)")
-            prompt.fill(PROMPT)
-            prompt.press("Control+Enter")
-            expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible()
-            _no_exception(page)
-            page.get_by_role("button", name=PLAY).click()
+        expect(page.get_by_label("Model pair (draft → target)")).to_be_visible()
+        assert page.evaluate(CUT_SIDEBAR_BOXES) == []  # the pair's whole name is in view
+        prompt = page.get_by_label("Prompt (the models continue this text)")
+        prompt.fill(PROMPT)
+        prompt.press("Control+Enter")
+        expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible()
+        _no_exception(page)
+        page.get_by_role("button", name=PLAY).click()
 
-            # rounds stream in: at least three lanes, with accepted and rejected guesses among them
-            expect(page.locator(".sv-lane").nth(2)).to_be_visible()
-            expect(page.locator(".sv-acc").first).to_be_visible()
-            expect(page.locator(".sv-rej").first).to_be_visible()
-            # the race appears once both runs are measured; then jump the replay to the end
-            expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
-            _wait_for_the_replay_end(page, 60)
-            speed = page.locator('[data-testid="stMetric"]').filter(has_text="speed-up")
-            expect(speed.first).to_contain_text(re.compile(r"\d+\.\d\d×"))
-            expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
-            _no_exception(page)
-            assert page.evaluate(CUT_METRIC_LABELS) == []  # D5's long labels ("expected (measured verify cost)") whole
-            assert "<img" not in page.locator(".sv-text").first.inner_html()
-            _shot(page, "watch-d5.png", "screenshot-d5.png")
+        # rounds stream in: at least three lanes, with accepted and rejected guesses among them
+        expect(page.locator(".sv-lane").nth(2)).to_be_visible()
+        expect(page.locator(".sv-acc").first).to_be_visible()
+        expect(page.locator(".sv-rej").first).to_be_visible()
+        # the race appears once both runs are measured; then jump the replay to the end
+        expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
+        _wait_for_the_replay_end(page, 60)
+        speed = page.locator('[data-testid="stMetric"]').filter(has_text="speed-up")
+        expect(speed.first).to_contain_text(re.compile(r"\d+\.\d\d×"))
+        expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
+        _no_exception(page)
+        assert page.evaluate(CUT_METRIC_LABELS) == []  # D5's long labels ("expected (measured verify cost)") whole
+        assert "<img" not in page.locator(".sv-text").first.inner_html()
+        _shot(page, "watch-d5.png", "screenshot-d5.png")
 
-            page.get_by_text("D1 · Story").click()
-            expect(page.get_by_text("Watch the helper at work")).to_be_visible()
-            expect(page.locator(".sv-lane").first).to_be_visible()
+        page.get_by_text("D1 · Story").click()
+        expect(page.get_by_text("Watch the helper at work")).to_be_visible()
+        expect(page.locator(".sv-lane").first).to_be_visible()
+        page.wait_for_timeout(1500)
+        _no_exception(page)
+        _shot(page, "watch-d1.png", "screenshot-d1.png")
+
+        # clicking the chosen token pill again keeps its p/q table (it used to empty it)
+        page.get_by_text("D5 · Frontier").click()
+        pills = page.get_by_role("radiogroup", name="Drafted tokens")
+        for _ in range(12):  # the last round may have drafted nothing: step back (J) to one that did
+            if pills.count():
+                break
+            page.keyboard.press("j")
             page.wait_for_timeout(1500)
-            _no_exception(page)
-            _shot(page, "watch-d1.png", "screenshot-d1.png")
-
-            # clicking the chosen token pill again keeps its p/q table (it used to empty it)
-            page.get_by_text("D5 · Frontier").click()
-            pills = page.get_by_role("radiogroup", name="Drafted tokens")
-            for _ in range(12):  # the last round may have drafted nothing: step back (J) to one that did
-                if pills.count():
-                    break
-                page.keyboard.press("j")
-                page.wait_for_timeout(1500)
-            pills.get_by_role("radio", checked=True).click()
-            page.wait_for_timeout(1500)
-            expect(page.locator(".sv-rule")).to_have_count(1)
-            expect(pills.get_by_role("radio", checked=True)).to_have_count(1)
-            _no_exception(page)
-        finally:
-            browser.close()
+        pills.get_by_role("radio", checked=True).click()
+        page.wait_for_timeout(1500)
+        expect(page.locator(".sv-rule")).to_have_count(1)
+        expect(pills.get_by_role("radio", checked=True)).to_have_count(1)
+        _no_exception(page)
 
 
 def test_the_watch_page_plays_a_token_tree_in_chromium(server):
@@ -205,29 +198,22 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
     """A pupil pastes HTML, script, Markdown and LaTeX through a link: all shown as typed, nothing executed."""
     from urllib.parse import quote
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1800})
-            dialogs: list[str] = []
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.set_default_timeout(RUN_TIMEOUT_MS)
-            expect.set_options(timeout=RUN_TIMEOUT_MS)
-            page.goto(f"{server}/?pair=tiny-random&level=d2&max_new=12&speed=fastest&autoplay=1&prompt={quote(XSS_PROMPT)}")
-            expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
-            _wait_for_the_replay_end(page, 30)  # let the replay reach its end, so every token is on screen
-            _no_exception(page)
-            text = page.locator(".sv-text").first
-            expect(text).to_contain_text('<img src=x onerror="window.__xss=1;alert(1)">')
-            expect(text).to_contain_text("<script>window.__xss=2;alert(2)</script>")
-            assert text.locator("img, script, strong, a").count() == 0
-            page.wait_for_timeout(1000)
-            assert dialogs == [] and page.evaluate("window.__xss") is None
-            _shot(page, "xss-as-text.png")
-        finally:
-            browser.close()
+    with _chromium_page(1800, RUN_TIMEOUT_MS) as page:
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(f"{server}/?pair=tiny-random&level=d2&max_new=12&speed=fastest&autoplay=1&prompt={quote(XSS_PROMPT)}")
+        expect(page.get_by_text("Greedy check", exact=False)).to_be_visible()
+        _wait_for_the_replay_end(page, 30)  # let the replay reach its end, so every token is on screen
+        _no_exception(page)
+        text = page.locator(".sv-text").first
+        expect(text).to_contain_text('<img src=x onerror="window.__xss=1;alert(1)">')
+        expect(text).to_contain_text("<script>window.__xss=2;alert(2)</script>")
+        assert text.locator("img, script, strong, a").count() == 0
+        page.wait_for_timeout(1000)
+        assert dialogs == [] and page.evaluate("window.__xss") is None
+        _shot(page, "xss-as-text.png")
 
 
 # (path, the button a pupil presses, what must appear after it); why_cheap first, as a deep link
@@ -257,14 +243,14 @@ def test_every_lab_page_runs_in_chromium(server):
 
 
 @contextlib.contextmanager
-def _chromium_page(height: int, timeout_ms: int) -> Iterator[Any]:
-    """One Chromium page, 1280 px wide, with the timeouts set; the browser is always closed."""
+def _chromium_page(height: int, timeout_ms: int, width: int = 1280) -> Iterator[Any]:
+    """One Chromium page (1280 px wide unless asked), with the timeouts set; the browser is always closed."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": height})
+            page = browser.new_page(viewport={"width": width, "height": height})
             page.set_default_timeout(timeout_ms)
             expect.set_options(timeout=timeout_ms)
             yield page
@@ -296,37 +282,31 @@ WIDER_THAN_SCREEN = """() => [...document.querySelectorAll('[data-testid=stPlotl
 
 def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
     """On a 390 px phone: the sidebar starts closed, nothing is wider than the screen, and the text box shows its end."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 390, "height": 5200})
-            page.set_default_timeout(RUN_TIMEOUT_MS)
-            expect.set_options(timeout=RUN_TIMEOUT_MS)
-            long_prompt = "".join(f"Line {i} of a long prompt.\n" for i in range(40)) + PROMPT  # ~1,000 tokens on a byte-level pair
-            from urllib.parse import quote
-            page.goto(f"{server}/?pair={PAIR}&max_new={MAX_NEW}&speed=fastest&prompt={quote(long_prompt)}")
-            expect(page.get_by_text("Watch the helper at work")).to_be_visible()  # a fresh visit opens at D1
-            sidebar = page.locator('[data-testid="stSidebar"]')
-            assert sidebar.count() == 0 or sidebar.bounding_box() is None or sidebar.bounding_box()["x"] < 0 \
-                or sidebar.get_attribute("aria-expanded") == "false"
-            page.get_by_role("button", name=PLAY).click()
-            expect(page.locator(".sv-lane").nth(2)).to_be_visible()
-            expect(page.locator(".sv-fold")).to_have_count(1)  # the long prompt is folded to its last lines
-            box = page.locator(".sv-text").first
-            # the box is scrolled to its end: the caret (newest text) lies inside the box's visible area
-            inside = box.evaluate("""b => { const c = b.querySelector('.sv-caret').getBoundingClientRect();
-                                           const r = b.getBoundingClientRect(); return c.bottom <= r.bottom + 1 && c.top >= r.top - 1; }""")
-            assert inside
-            _wait_for_the_replay_end(page, 90)
-            page.wait_for_timeout(1500)
-            _no_exception(page)
-            assert page.evaluate("document.documentElement.scrollWidth") <= 390
-            assert page.evaluate(WIDER_THAN_SCREEN) == []
-            _shot(page, "watch-phone.png")
-            # the README shows the part a pupil watches: from the rounds down through the text, one phone screen tall
-            top = page.get_by_role("heading", name="Turn by turn").bounding_box()["y"]
-            page.screenshot(path=str(ROOT / "assets" / "screenshot-phone.png"), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
-        finally:
-            browser.close()
+    with _chromium_page(5200, RUN_TIMEOUT_MS, width=390) as page:
+        long_prompt = "".join(f"Line {i} of a long prompt.\n" for i in range(40)) + PROMPT  # ~1,000 tokens on a byte-level pair
+        from urllib.parse import quote
+        page.goto(f"{server}/?pair={PAIR}&max_new={MAX_NEW}&speed=fastest&prompt={quote(long_prompt)}")
+        expect(page.get_by_text("Watch the helper at work")).to_be_visible()  # a fresh visit opens at D1
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        assert sidebar.count() == 0 or sidebar.bounding_box() is None or sidebar.bounding_box()["x"] < 0 \
+            or sidebar.get_attribute("aria-expanded") == "false"
+        page.get_by_role("button", name=PLAY).click()
+        expect(page.locator(".sv-lane").nth(2)).to_be_visible()
+        expect(page.locator(".sv-fold")).to_have_count(1)  # the long prompt is folded to its last lines
+        box = page.locator(".sv-text").first
+        # the box is scrolled to its end: the caret (newest text) lies inside the box's visible area
+        inside = box.evaluate("""b => { const c = b.querySelector('.sv-caret').getBoundingClientRect();
+                                       const r = b.getBoundingClientRect(); return c.bottom <= r.bottom + 1 && c.top >= r.top - 1; }""")
+        assert inside
+        _wait_for_the_replay_end(page, 90)
+        page.wait_for_timeout(1500)
+        _no_exception(page)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        assert page.evaluate(WIDER_THAN_SCREEN) == []
+        _shot(page, "watch-phone.png")
+        # the README shows the part a pupil watches: from the rounds down through the text, one phone screen tall
+        top = page.get_by_role("heading", name="Turn by turn").bounding_box()["y"]
+        page.screenshot(path=str(ROOT / "assets" / "screenshot-phone.png"), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
+
