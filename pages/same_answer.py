@@ -17,6 +17,7 @@ from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, Sampl
 from specviz.presets import get_preset
 from specviz.app.settings import cut_long_prompt
 from specviz.viz import same_answer as same_answer_view
+from specviz.viz.strip import md_escape
 
 P = "same_answer."  # session_state prefix of this page
 DEFAULT_PROMPT = "story"  # measured: SmolLM2's int8 draft and its target disagree here, so a lossy rule shows
@@ -100,7 +101,8 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     st.subheader("1 · The same words, one by one" if d1 else "1 · Greedy: the very same tokens")
     lesson_md(s.level, "same_greedy")
     config = same_answer.greedy_config(s)
-    key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config)
+    variant = _twin_toggle(pair, s)
+    key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config, variant)
     problem = prompt.problem(s.max_new_tokens)
     st.caption(f"{pair.spec.title} · drafter: {DRAFTER_TITLES[s.drafter]} · γ = {s.gamma}"
                f"{' (adaptive)' if s.adaptive else ''} · {s.max_new_tokens} new tokens · greedy "
@@ -112,10 +114,48 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
         st.info(problem, icon=":material/edit:")
     slot = _slot("greedy", ("Greedy runs",), label, d1)
     if ss.pop(P + "greedy_req", False) and not problem:
-        jobs.start(slot, {key: lambda: same_answer.greedy_job(pair, prompt.ids, s.drafter, config)})
+        jobs.start(slot, {key: lambda: same_answer.greedy_job(pair, prompt.ids, s.drafter, config, variant)})
     done = jobs.results(slot, (key,))
     if done:
         _greedy_result(done[0], s)
+
+
+def _twin_toggle(pair: Any, s: Settings) -> bool:
+    """D5 only: the switch that runs both greedy runs on the target's int8 twin (the same-arithmetic lesson)."""
+    if s.level != "d5":
+        return False
+    with st.expander("The promise needs the same arithmetic", icon=":material/calculate:"):
+        lesson_md(s.level, "same_arithmetic")
+        if not pair.bit_exact:
+            st.caption(f"The sidebar's target runs in {pair.target_precision}, which is not bit-exact here already: "
+                       "the runs above use it. Choose fp32 (or automatic) to compare with the int8 twin.")
+            return False
+        if pair.device.type != "cpu":
+            st.caption("Dynamic int8 runs on CPUs only; this server keeps its models on the GPU.")
+            return False
+        return st.toggle("Run both on the target's int8 twin (batch-variant arithmetic)", key=P + "twin",
+                         help="The target's Linear layers in dynamic int8, quantized once from the loaded target; "
+                         "it shares every other tensor, so it adds about a quarter of the target's size in memory.")
+
+
+def _shown(token: str) -> str:
+    """A token in a Markdown sentence: quoted, whitespace visible, Markdown escaped (model text)."""
+    return "«" + md_escape(same_answer_view.visible(token)) + "»"
+
+
+def _gap_line(cmp: GreedyComparison) -> str | None:
+    """Where the runs part: what each picked and how close the target's own top two were there (escaped text)."""
+    d = cmp.gap
+    if d is None or cmp.first_divergence is None:
+        return None
+    i = d.position
+    spec = _shown(cmp.spec_texts[i]) if i < len(cmp.spec_texts) else "(the end)"
+    plain = _shown(cmp.plain_texts[i]) if i < len(cmp.plain_texts) else "(the end)"
+    model = "int8 twin" if cmp.batch_variant else "target"
+    return (f"At token {i + 1} the target alone chose {plain}, the speculative run kept {spec}. One more pass of "
+            f"the {model} over the text before it puts its own top two tokens **{d.top2_gap:.3g}** logits apart, and "
+            f"these two picks {d.pair_gap:.3g} apart: one of the three pass shapes moved their difference by at "
+            "least that much.")
 
 
 def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
@@ -130,11 +170,15 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
         st.success(f"{head}\n\n{body}", icon=":material/check_circle:")
     else:
         i = cmp.first_divergence or 0
+        why = ("Both texts come from the target's int8 twin. Dynamic int8 picks one scale for all the tokens of a "
+               "pass, so a token's numbers depend on the tokens scored beside it: a verify pass and a one-token "
+               "step compute different logits, and where the two likeliest tokens are close the runs choose "
+               "differently." if cmp.batch_variant else
+               "Both texts come from the target. A pass that scores several tokens adds up its numbers in a "
+               "different order than a one-token pass; on a near-tie between the two likeliest tokens that "
+               "rounding can pick the other one, and the texts go separate ways from there.")
         st.error(f"### ✗ Different from token {i + 1} on: {cmp.n_same} of {n} positions match\n\n"
-                 "Both texts come from the target. A pass that scores several tokens adds up its numbers in a "
-                 "different order than a one-token pass; on a near-tie between the two likeliest tokens that "
-                 "rounding can pick the other one, and the texts go separate ways from there. "
-                 "The table marks the first difference.", icon=":material/error:")
+                 f"{why} The table marks the first difference.", icon=":material/error:")
     if not d1:
         c1, c2, c3 = st.columns(3)
         c1.metric("target passes (speculative / alone)", f"{cmp.target_calls_spec} / {cmp.target_calls_plain}")
@@ -148,7 +192,8 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
     st.dataframe(table, hide_index=True, height=min(36 * (len(table) + 1), 420), key=P + "greedy_table",
                  row_height=34 if s.presenter else None)
     if first is not None:
-        st.caption(f"First difference at token {first + 1}.")
+        gap = _gap_line(cmp) if not d1 else None
+        st.caption(gap or f"First difference at token {first + 1}.")
     with st.expander("The two texts in full" if not d1 else "Read both texts"):
         names = _names(s.level)
         st.markdown(f"**{names['target']}**")

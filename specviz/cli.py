@@ -558,8 +558,20 @@ def add_same_answer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
     p.add_argument("--k", type=int, default=3, help="k of the wrong top-k rule (default 3)")
     p.add_argument("--greedy-tokens", type=int, default=64, help="new tokens of the greedy comparison (default 64)")
+    p.add_argument("--int8-twin", action="store_true",
+                   help="also run the greedy comparison on the target's dynamic-int8 twin (batch-variant arithmetic: "
+                   "the lesson that the promise needs the same arithmetic; fp32 targets on a CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
     p.set_defaults(func=cmd_same_answer)
+
+
+def greedy_line(label: str, cmp, seconds: float) -> str:
+    """One printed line of a greedy comparison, with the target's own top-2 gap where the runs part."""
+    line = (f"{label}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, identical={cmp.identical}, "
+            f"first divergence={cmp.first_divergence} ({seconds:.1f} s)")
+    if cmp.gap is not None:
+        line += f"; there the target's top-2 gap is {cmp.gap.top2_gap:.3g} logits, the two picks' {cmp.gap.pair_gap:.3g}"
+    return line
 
 
 def cmd_same_answer(args: argparse.Namespace) -> int:
@@ -579,7 +591,6 @@ def cmd_same_answer(args: argparse.Namespace) -> int:
     quiet_libraries(args.quiet)
     pair_name = resolve_pair_name(args.pair)
     from specviz import models
-    from specviz.core.drafters import make_drafter
     from specviz.core.progress import drain
     from specviz.core.sampling import SamplingConfig
     from specviz.core.trace import GenerationConfig
@@ -593,12 +604,14 @@ def cmd_same_answer(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     pair = models.load_pair(pair_name, progress=stderr_progress(args.quiet))
     ids = encode_prompt(pair, preset.prompt, args.greedy_tokens)
-    t0 = time.perf_counter()
-    cmp = drain(lab.greedy_comparison(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids, gcfg,
-                                      pair.eos_ids))
-    print(f"pair {pair_name}, preset {args.preset!r}: greedy {cmp.n_same}/{cmp.n_compared} tokens equal, "
-          f"identical={cmp.identical}, first divergence={cmp.first_divergence} ({time.perf_counter() - t0:.1f} s)",
-          flush=True)
+    for twin in (False, True) if args.int8_twin else (False,):
+        t0 = time.perf_counter()
+        try:
+            cmp = drain(lab.greedy_job(pair, ids, "model", gcfg, batch_variant=twin))
+        except models.PairError as e:
+            raise CliError(str(e)) from None
+        label = f"pair {pair_name}, preset {args.preset!r}" + (", target's int8 twin" if twin else "")
+        print(greedy_line(label, cmp, time.perf_counter() - t0), flush=True)
     t0 = time.perf_counter()
     ref = drain(lab.reference_job(pair.target, pair.tokenizer, ids, cfg))
     fit = lab.fit_test(ref.law, ref.target)

@@ -232,6 +232,16 @@ def test_same_answer_subcommand_prints_identity_and_both_rules():
     assert lines[2].startswith("speculative, exact rule:") and lines[3].startswith("speculative, top-3 shortcut:")
 
 
+def test_same_answer_int8_twin_parts_ways_and_prints_the_gap():
+    done = run_cli("same-answer", "--pair", "tiny-random", "--samples", "100", "--tokens", "1", "--greedy-tokens", "8",
+                   "--int8-twin", "-q")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert "identical=True" in lines[0] and "int8 twin" not in lines[0]
+    # tiny-random's twin parted at the 4th token of the story preset when measured
+    assert "target's int8 twin: greedy" in lines[1] and "identical=False" in lines[1] and "top-2 gap" in lines[1]
+
+
 @pytest.mark.parametrize("extra, mentions", [
     (["--samples", "5"], "--samples"), (["--tokens", "4"], "--tokens"), (["--gamma", "0"], "--gamma"),
     (["--preset", "sonnet"], "--preset"), (["--pair", "no-such-pair"], "no-such-pair"), (["--temperature", "0"], "--temperature"),

@@ -1,5 +1,7 @@
 """The first divergence of two greedy runs and the target's own top-2 gap there; bf16 targets on a real pair."""
 
+import copy
+
 import pytest
 import torch
 
@@ -9,7 +11,8 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.models import load_pair
+from specviz.models import PairError, load_pair
+from specviz.models.precision import batch_variant_twin, int8_linears
 
 
 def test_agreeing_runs_have_no_divergence():
@@ -78,3 +81,46 @@ def test_qwen_coder_bf16_story_divergence_is_a_near_tie():
     print("qwen bf16 story:", "identical" if d is None else d)
     if d is not None:
         assert d.pair_gap < 0.25 and d.top2_gap < 0.25, d
+
+
+# ------------------------------------------------------------------------------------------
+# The same-arithmetic lesson: the target's int8 twin (batch-variant) breaks identity
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_int8_twin_shares_the_targets_other_tensors_and_leaves_it_untouched():
+    pair = load_pair("tiny-random")
+    twin = batch_variant_twin(pair.target)
+    assert batch_variant_twin(pair.target) is twin  # made once per target
+    emb, twin_emb = pair.target.get_input_embeddings().weight, twin.get_input_embeddings().weight
+    assert twin_emb.data_ptr() == emb.data_ptr()  # shared, not copied
+    linears = [m for m in pair.target.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.float32 for m in linears)  # the target is still fp32
+    dynamic = [m for m in twin.modules() if "quantized.dynamic" in type(m).__module__]
+    assert len(dynamic) == len(int8_linears(pair.target))  # every Linear int8 covers, in the twin only
+    with pytest.raises(PairError, match="fp32 target on the CPU"):
+        batch_variant_twin(copy.deepcopy(pair.target).to(torch.bfloat16))
+
+
+@pytest.mark.real
+def test_smollm2_int8_twin_leaves_the_targets_text_where_fp32_keeps_it():
+    """The lesson on real weights: the same int8 target, scored one token at a time or in verify passes, parts ways;
+    fp32 does not. Every divergence comes with the twin's own top-2 gap there."""
+    from specviz.labs.same_answer import greedy_job
+
+    pair = load_pair("smollm2-135m")
+    assert pair.bit_exact
+    config = GenerationConfig(max_new_tokens=32, gamma=4, sampling=SamplingConfig("greedy"))
+    parted = []
+    for name, text in PROMPTS.items():
+        ids = pair.tokenizer(text)["input_ids"]
+        fp32 = drain(greedy_job(pair, ids, "model", config))
+        twin = drain(greedy_job(pair, ids, "model", config, batch_variant=True))
+        print(name, "int8 twin:", twin.gap)
+        assert fp32.identical and fp32.gap is None
+        assert twin.batch_variant and (twin.gap is None) == twin.identical
+        if twin.gap is not None:
+            assert twin.gap.position == twin.first_divergence and twin.gap.top2_gap >= 0
+            parted.append(name)
+    # measured 2026-12-01: all three part ways (story at token 4, code at 1, list at 30)
+    assert parted, "the batch-variant target kept identity on every prompt: the lesson would show nothing"

@@ -136,3 +136,19 @@ def test_model_text_is_escaped_in_the_figure():
     draw(at, n=100)
     spec = at.get("plotly_chart")[0].proto.spec
     assert "<img" not in spec
+
+
+def test_d5_int8_twin_shows_identity_breaking_and_the_targets_gap():
+    """The same-arithmetic lesson: D5 only; the twin's runs part ways and the page says where and how close it was."""
+    assert not [t for t in open_page(level="d2").toggle if t.key == "same_answer.twin"]
+    at = open_page(level="d5")
+    assert any("same arithmetic" in e.label for e in at.expander)
+    at.toggle(key="same_answer.twin").set_value(True).run()
+    at.button(key="same_answer.greedy_go").click()
+    wait_for(at, greedy_done)
+    words = texts(at)
+    # tiny-random, story preset, 16 tokens: the int8 twin parted at token 4 when measured (fp32: identical)
+    assert "Different from token" in words and "int8 twin" in words and "top two tokens" in words
+    at.toggle(key="same_answer.twin").set_value(False).run()
+    at.button(key="same_answer.greedy_go").click()
+    wait_for(at, lambda a: "Identical: 16 of 16 tokens" in texts(a))

@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 
 from specviz.app.policy import bounded
 from specviz.app.settings import Settings
+from specviz.core import divergence
 from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, draft_q, make_drafter
 from specviz.core.engine import TokenTexts, autoregressive_generate, speculative_generate
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
@@ -23,6 +24,7 @@ from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_sample
 from specviz.core.metrics import first_divergence
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, logits_to_probs
+from specviz.models.precision import batch_variant_twin
 
 RULE_TITLES: dict[str, str] = {
     "exact": "exact rule: accept with min(1, p/q), correct from the residual",
@@ -58,6 +60,8 @@ class GreedyComparison:
     accepted: int
     spec_ms: float  # decode wall time, this machine
     plain_ms: float
+    gap: divergence.Divergence | None = None  # the target's own top-2 gap where the runs part (None: identical)
+    batch_variant: bool = False  # both runs used the int8 twin of the target (the same-arithmetic lesson)
 
     @property
     def identical(self) -> bool:
@@ -81,9 +85,12 @@ class GreedyComparison:
 
 def greedy_comparison(
     target: torch.nn.Module, drafter: Drafter, tokenizer: Any, prompt_ids: Sequence[int], config: GenerationConfig,
-    eos_ids: Sequence[int] = (),
+    eos_ids: Sequence[int] = (), batch_variant: bool = False,
 ) -> Generator[Progress, None, GreedyComparison]:
-    """Run the real engine twice (speculative, then target alone) in greedy mode; yield progress as tokens appear."""
+    """Run the real engine twice (speculative, then target alone) in greedy mode; yield progress as tokens appear.
+
+    Where the runs part, one more target pass measures the target's own top-2 gap there.
+    """
     if not config.sampling.greedy:
         raise ValueError("the token-by-token comparison needs greedy decoding")
     total = 2 * config.max_new_tokens
@@ -98,6 +105,7 @@ def greedy_comparison(
         drafter=spec.drafter, gamma=config.gamma, target_calls_spec=spec.target_calls,
         target_calls_plain=plain.target_calls, drafted=spec.drafted, accepted=spec.accepted,
         spec_ms=spec.decode_ms, plain_ms=plain.decode_ms,
+        gap=divergence.first_divergence(target, prompt_ids, spec.tokens, plain.tokens), batch_variant=batch_variant,
     )
 
 
@@ -107,11 +115,16 @@ def greedy_config(s: Settings) -> GenerationConfig:
                             sampling=SamplingConfig("greedy"))
 
 
-def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str,
-               config: GenerationConfig) -> Generator[Progress, None, GreedyComparison]:
-    """The page's greedy job on a loaded pair, with the named drafter ("model" or "ngram")."""
+def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str, config: GenerationConfig,
+               batch_variant: bool = False) -> Generator[Progress, None, GreedyComparison]:
+    """The page's greedy job on a loaded pair, with the named drafter; `batch_variant` runs both on the target's int8 twin."""
+    target = pair.target
+    if batch_variant:
+        yield Progress(0, 2 * config.max_new_tokens, "making the target's int8 twin (first time only)…")
+        target = batch_variant_twin(pair.target)
     made = make_drafter(drafter, pair.draft, adaptive=config.adaptive)
-    return greedy_comparison(pair.target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids)
+    return (yield from greedy_comparison(target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids,
+                                         batch_variant))
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,10 +12,14 @@ promise) gets whatever is measured fastest here.
 
 from __future__ import annotations
 
+import copy
 import functools
+import itertools
 import os
+import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -138,6 +142,32 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
             return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
         except (RuntimeError, AssertionError) as e:
             raise PairError(f"int8 quantization is not available here ({_first_line(e)}): use precision fp32") from e
+
+
+_TWINS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
+_TWINS_LOCK = threading.Lock()
+
+
+def batch_variant_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """An int8-dynamic twin of an fp32 CPU model, for the lesson "the promise needs the same arithmetic".
+
+    Dynamic int8 picks one activation scale for the whole pass, so a token's logits depend on the
+    other tokens scored with it: a verify pass and a one-token step no longer agree. The twin shares
+    every tensor int8 does not replace (embedding, norms, the fp32 down projections) with `model`, so
+    it costs only its int8 weights (about a quarter of the fp32 Linears), and it lives as long as
+    `model` does (one per model, made on first use).
+    """
+    first = next(model.parameters(), None)
+    if first is None or first.device.type != "cpu" or first.dtype != torch.float32:
+        raise PairError("the int8 twin needs an fp32 target on the CPU (dynamic int8 runs on CPUs only)")
+    with _TWINS_LOCK:  # two pupils asking at once must not quantize twice
+        twin = _TWINS.get(model)
+        if twin is None:
+            shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+            with torch.no_grad():
+                twin = quantize_int8(copy.deepcopy(model, memo=shared)).eval()
+            _TWINS[model] = twin
+        return twin
 
 
 @functools.lru_cache(maxsize=8)
