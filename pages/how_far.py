@@ -10,12 +10,13 @@ from specviz.app.prompt import encode, preset_buttons, repaired_prompt
 from specviz.app.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
-from specviz.labs import how_far
+from specviz.labs import chain_or_tree, how_far
 from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
 from specviz.app import predict
 from specviz.app.settings import cut_long_prompt
 from specviz.viz import predict as predict_view
 from specviz.presets import DEFAULT_PRESET, get_preset
+from specviz.viz import chain_or_tree as chain_or_tree_view
 from specviz.viz import how_far as how_far_view
 from specviz.viz import strip
 
@@ -24,6 +25,9 @@ SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good dr
 SLOT = jobs.Slot(P + "key", ("Measuring γ",), "Measure", changed=(
     "The prompt, γ values or settings changed since this measurement. Press **{button}** to run them; "
     "until then the previous measurement stays on screen."))
+SHAPE_SLOT = jobs.Slot(P + "shape_key", ("Chain and tree runs",), "Compare chain and tree", changed=(
+    "The sizes or settings changed since this comparison. Press **{button}** to run them; "
+    "until then the previous comparison stays on screen."))
 ss = st.session_state
 
 
@@ -32,6 +36,7 @@ def _init_state() -> None:
     ss.setdefault(P + "gammas", list(how_far.DEFAULT_GAMMAS))
     ss.setdefault(P + "alpha", SLIDER_START[0])
     ss.setdefault(P + "c", SLIDER_START[1])
+    ss.setdefault(P + "shape_sizes", list(chain_or_tree.DEFAULT_SIZES))
 
 
 def _use_preset(preset_id: str) -> None:
@@ -179,6 +184,54 @@ def _lessons(s: Settings) -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# Chain or tree: the same number of verified tokens, two shapes, two presets
+# ------------------------------------------------------------------------------------------
+
+
+def _request_shapes() -> None:
+    ss[P + "shape_request"] = True
+
+
+def _shape_section(pair, s: Settings) -> None:
+    d1 = s.level == "d1"
+    st.divider()
+    st.subheader("One line of guesses, or a tree of them?" if d1 else "Chain or tree?")
+    lesson_md(s.level, "chain_or_tree")
+    sizes = st.pills("Guesses checked per turn" if d1 else "n: drafted tokens the target verifies per pass",
+                     chain_or_tree.SIZE_CHOICES, selection_mode="multi", key=P + "shape_sizes", persist_state="session",
+                     help="Each n is a chain of n guesses and a tree of n nodes, on both prompts.")
+    if pair.draft is None:
+        st.info("This pair has no draft model: a tree grows from the draft's probabilities.", icon=":material/info:")
+        return
+    try:
+        cfg = chain_or_tree.make_config(s.pair, True, sizes, s.sampling) if sizes else None
+    except ValueError as exc:
+        st.info(str(exc), icon=":material/edit:")
+        cfg = None
+    if cfg is None:
+        st.info("Choose at least one n to compare.", icon=":material/edit:")
+    else:
+        mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
+        st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "
+                   f"the target alone, then at each n = {', '.join(map(str, cfg.sizes))} a chain of n guesses and "
+                   f"a tree of n nodes (branching {cfg.branching}, every node verified): {cfg.runs} runs of "
+                   f"{cfg.max_new_tokens} tokens, {mode}. About 2 minutes on qwen-coder on this CPU.")
+    st.button("Compare chain and tree" if not d1 else "Race the line and the tree", key=P + "shape_go",
+              icon=":material/account_tree:", on_click=_request_shapes, disabled=cfg is None)
+    key = ("how_far.shape", cfg) if cfg is not None else None
+    if ss.pop(P + "shape_request", False) and cfg is not None:
+        jobs.start(SHAPE_SLOT, {key: lambda: chain_or_tree.shape_steps(pair, cfg)})
+    done = jobs.results(SHAPE_SLOT, (key,) if key else None)
+    if not done:
+        return
+    result = done[0]
+    st.markdown(chain_or_tree_view.verdict(result, s.level))
+    chart(chain_or_tree_view.shape_figure(result, s.level, font_size(s)), P + "shape_chart")
+    if not d1:
+        st.dataframe(chain_or_tree_view.shape_table(result), hide_index=True, key=P + "shape_table")
+
+
+# ------------------------------------------------------------------------------------------
 # The page
 # ------------------------------------------------------------------------------------------
 
@@ -227,6 +280,7 @@ def main() -> None:
     elif sweep is None and s.level == "d1":
         st.caption("Press **Measure** to race the helper at different numbers of guesses.")
     _lessons(s)
+    _shape_section(pair, s)
 
 
 run_page(main)

@@ -122,3 +122,25 @@ def test_empty_prompt_and_no_gamma_are_friendly_messages():
     assert "Choose at least one γ" in texts(at)
     at.button(key="how_far.run").click().run()
     assert not_measured(at, "def f(x):")
+
+
+def test_chain_or_tree_measures_both_shapes_on_both_presets():
+    """The section runs only on its button; every run is real (tiny pair), greedy output stays the target's own."""
+    at = open_page(level="d5", max_new="14")
+    assert "Chain or tree?" in [h.value for h in at.subheader] and "how_far.shape_key" not in at.session_state
+    assert "a chain of n guesses and a tree of n nodes" in texts(at)
+    at.session_state["how_far.shape_sizes"] = [8, 2]
+    at.button(key="how_far.shape_go").click().run()
+    end = time.time() + 120
+    while "fastest chain" not in texts(at) and time.time() < end:
+        time.sleep(0.3)
+        at.run()
+        no_exception(at)
+    words = texts(at)
+    assert words.count("the tree got more tokens per target call than the chain at") == 2  # code and story
+    assert "of 2 sizes" in words
+    table = at.dataframe[-1].value
+    assert list(table["n"]) == [2, 8, 2, 8] and set(table["same tokens as the target"]) == {"✓"}
+    assert (table["tree: nodes / pass"] <= table["n"]).all() and (table["tree: nodes / pass"] > 0).all()
+    names = {t.get("name") for t in json.loads(at.get("plotly_chart")[-1].proto.spec)["data"]}
+    assert names == {"chain, γ = n", "tree, budget n, branching 2, depth ≤ n"}
