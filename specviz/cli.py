@@ -502,6 +502,9 @@ def add_loadtest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pair", default="tiny-random", help="model pair (default tiny-random: tests the server, not the model)")
     p.add_argument("--max-new-tokens", type=int, default=24, help="new tokens per run, 1..256 (default 24)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a session may wait for its result (default 900)")
+    p.add_argument("--class-mix", action="store_true",
+                   help="a realistic class: half the sessions on the presets code, list and story (sessions on one "
+                   "preset share one run), half on prompts of their own")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_loadtest)
 
@@ -517,13 +520,17 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     from specviz.bench import loadtest
 
     config = loadtest.LoadConfig(sessions=args.sessions, pair=pair, max_new_tokens=args.max_new_tokens,
-                                 timeout_s=args.timeout)
+                                 timeout_s=args.timeout, preset_share=0.5 if args.class_mix else 0.0)
     report = loadtest.run_loadtest(config).as_dict()
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         lat = report["latency_s"]
-        print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} in {report['wall_s']} s")
+        print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} in {report['wall_s']} s; "
+              f"{report['on_presets']} on presets, {report['distinct_prompts']} distinct prompts")
+        if report["runs_per_shared_prompt"]:
+            print("runs serving each prompt several sessions asked for (1 = shared): " + ", ".join(
+                f"{p!r} {n}" for p, n in report["runs_per_shared_prompt"].items()))  # type: ignore[union-attr]
         print("latency (Play -> both runs done): " + ", ".join(f"{k} {v} s" for k, v in lat.items()))  # type: ignore[union-attr]
         print(f"longest queue shown to a pupil: {report['max_queue_ahead_shown']} ahead; "
               f"'server busy' refusals (then reloaded): {report['refused_then_retried']}")

@@ -21,14 +21,27 @@ def test_session_prompts_differ():
     assert len(prompts) == 30  # each session queues its own runs, none shares a cached one
 
 
+def test_a_class_mix_puts_half_the_sessions_on_presets():
+    cfg = loadtest.LoadConfig(sessions=30, preset_share=0.5)
+    prompts = [cfg.prompt(i) for i in range(30)]
+    presets = {loadtest.get_preset(name).prompt for name in loadtest.CLASS_PRESETS}
+    assert sum(p in presets for p in prompts) == 15 and set(prompts) >= presets
+    assert len(set(prompts)) == 15 + 3  # the others type prompts of their own
+    with pytest.raises(ValueError, match="preset_share"):
+        loadtest.LoadConfig(preset_share=1.5)
+
+
 @pytest.mark.slow
 def test_eight_sessions_at_once_all_correct_with_bounded_memory(capsys):
-    report = loadtest.run_loadtest(loadtest.LoadConfig(sessions=SESSIONS, timeout_s=600))
+    """Half the class on presets: two pupils on one preset are served by one run (the same recorded trace)."""
+    report = loadtest.run_loadtest(loadtest.LoadConfig(sessions=SESSIONS, timeout_s=600, preset_share=0.5))
     figures = report.as_dict()
     with capsys.disabled():
         print(f"\nload test, {SESSIONS} sessions: {figures}")
     assert figures["failures"] == [], figures["failures"]
     assert report.passed == SESSIONS
+    assert figures["on_presets"] == 4 and figures["distinct_prompts"] == 7
+    assert list(figures["runs_per_shared_prompt"].values()) == [1]  # the code preset: two sessions, one run
     assert all(r.latency_s is not None for r in report.results)
     # the pupils at the back of the queue were told where they stood
     assert figures["max_queue_ahead_shown"] >= 2

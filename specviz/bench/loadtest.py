@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import statistics
@@ -20,15 +21,20 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from specviz.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
 JSON_KEY = "watch.json"
 RACE_KEY = "watch.race_go"  # drawn only once both runs (speculative and plain) are done
 # What pupils type: different prompts, so every session queues its own runs (a shared prompt would
-# share one cached run and test nothing).
+# share one cached run and test nothing). A realistic class (--class-mix) puts some pupils on the
+# teacher's presets instead: those share one run per preset.
+CLASS_PRESETS = ("code", "list", "story")
 PROMPT_STEMS = ("def add_{i}(a, b):", "Pupil {i} writes a list:\n1.", "Once upon a time, number {i}",
                 "SELECT name FROM pupils WHERE id = {i}", "The {i}th planet is", "for i in range({i}):")
 
@@ -43,6 +49,19 @@ class LoadConfig:
     gamma: int = 4  # draft length
     timeout_s: float = 600.0  # a session that has no result by then fails
     stagger_s: float = 0.05  # seconds between session starts (a class does not click in the same millisecond)
+    preset_share: float = 0.0  # share of the sessions on CLASS_PRESETS (a realistic class: 0.5); the rest type their own
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.preset_share <= 1.0:
+            raise ValueError(f"preset_share must be in [0, 1], got {self.preset_share}")
+
+    def prompt(self, i: int) -> str:
+        """Session i's prompt: on a preset for an evenly spread `preset_share` of the sessions, else its own."""
+        if math.floor((i + 1) * self.preset_share) > math.floor(i * self.preset_share):
+            preset = get_preset(CLASS_PRESETS[math.floor(i * self.preset_share) % len(CLASS_PRESETS)])
+            assert preset is not None
+            return preset.prompt
+        return session_prompt(i)
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,7 @@ class SessionResult:
     tokens: tuple[int, ...] = ()
     error: str | None = None
     refused: int = 0  # times the page said the queue was full (the session then reloaded)
+    run_ms: float | None = None  # the speculative run's decode time in its trace: equal only for one shared run
 
 
 @dataclass(frozen=True)
@@ -81,15 +101,31 @@ class LoadReport:
         cuts = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
         return {"p50": cuts[49], "p90": cuts[89], "p99": cuts[98], "max": lat[-1]}
 
+    def shared_runs(self) -> dict[str, int]:
+        """Per prompt asked by several sessions: how many distinct runs served them (1 = all shared one run)."""
+        by_prompt: dict[str, set[float | None]] = {}
+        for r in self.results:
+            if r.ok:
+                by_prompt.setdefault(r.prompt, set()).add(r.run_ms)
+        asked = Counter(r.prompt for r in self.results if r.ok)
+        return {p[:24]: len(runs) for p, runs in by_prompt.items() if asked[p] > 1}
+
     def as_dict(self) -> dict[str, object]:
         return {
             "sessions": self.config.sessions, "pair": self.config.pair, "max_new_tokens": self.config.max_new_tokens,
+            "on_presets": sum(r.prompt in self._preset_prompts() for r in self.results),
+            "distinct_prompts": len({r.prompt for r in self.results}),
+            "runs_per_shared_prompt": self.shared_runs(),
             "passed": self.passed, "wall_s": round(self.wall_s, 2), "latency_s": {k: round(v, 2) for k, v in self.percentiles().items()},
             "max_queue_ahead_shown": max((r.max_ahead for r in self.results), default=0),
             "refused_then_retried": sum(r.refused for r in self.results),
             "server_rss_mb": {"start": round(self.server_start_rss_mb), "peak": round(self.server_peak_rss_mb)},
             "failures": [f"session {r.index}: {r.error}" for r in self.results if not r.ok],
         }
+
+
+    def _preset_prompts(self) -> set[str]:
+        return {p.prompt for name in CLASS_PRESETS if (p := get_preset(name)) is not None}
 
 
 def session_prompt(i: int) -> str:
@@ -308,7 +344,7 @@ async def _visit(ws_url: str, query: str, seen: _Seen, end: float) -> None:
 
 async def _run_session(base: str, index: int, cfg: LoadConfig,
                        reference: Callable[[str], tuple[int, ...]] | None) -> SessionResult:
-    prompt = session_prompt(index)
+    prompt = cfg.prompt(index)
     # autoplay=1: the link starts the run by itself, as a teacher's shared link would; the client
     # then only does what a browser does while it waits (fragment auto-reruns)
     query = urllib.parse.urlencode({"pair": cfg.pair, "prompt": prompt, "max_new": cfg.max_new_tokens,
@@ -341,7 +377,7 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
         if reference and base_tokens != want:
             problems.append("baseline tokens differ from the single-session reference")
         return SessionResult(index, prompt, not problems, latency, max_ahead, tokens, "; ".join(problems) or None,
-                             refused)
+                             refused, doc["speculative"].get("decode_ms"))
     except Exception as exc:  # noqa: BLE001 - a failed session is a result, not a crash of the test
         return SessionResult(index, prompt, False, None, max_ahead, (), f"{type(exc).__name__}: {exc}", refused)
 
