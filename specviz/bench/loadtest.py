@@ -402,21 +402,25 @@ def _fetch_json(url: str) -> dict[str, object]:
 # ------------------------------------------------------------------------------------------
 
 
-def greedy_reference(pair_name: str, max_new_tokens: int) -> Callable[[str], tuple[int, ...]]:
-    """Target-only greedy tokens of one prompt, computed alone in this process (the single-session answer)."""
+def greedy_references(pair_name: str, max_new_tokens: int, prompts: set[str]) -> dict[str, tuple[int, ...]]:
+    """Target-only greedy tokens of each prompt, computed alone in this process before the server starts (the
+    single-session answers); the pair is released afterwards, so the test process does not hold a second copy."""
+    import gc
+
     from specviz import models
-    from specviz.core.progress import drain
     from specviz.core.engine import autoregressive_generate
+    from specviz.core.progress import drain
     from specviz.core.trace import GenerationConfig
 
     pair = models.load_pair(pair_name)
     config = GenerationConfig(max_new_tokens=max_new_tokens, gamma=1)
-
-    def reference(prompt: str) -> tuple[int, ...]:
+    found = {}
+    for prompt in sorted(prompts):
         ids = list(pair.tokenizer(prompt)["input_ids"])
-        return tuple(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids)).tokens)
-
-    return reference
+        found[prompt] = tuple(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids)).tokens)
+    del pair
+    gc.collect()
+    return found
 
 
 async def _all_sessions(base: str, cfg: LoadConfig, reference: Callable[[str], tuple[int, ...]],
@@ -438,7 +442,7 @@ async def _all_sessions(base: str, cfg: LoadConfig, reference: Callable[[str], t
 
 def run_loadtest(cfg: LoadConfig, server: Server | None = None) -> LoadReport:
     """Start a server (unless given one), run `cfg.sessions` sessions at once, and report."""
-    reference = greedy_reference(cfg.pair, cfg.max_new_tokens)
+    reference = greedy_references(cfg.pair, cfg.max_new_tokens, {cfg.prompt(i) for i in range(cfg.sessions)}).__getitem__
     own = server is None
     server = server or Server()
     try:
