@@ -330,3 +330,27 @@ def test_lab_configs_refuse_sizes_beyond_their_ranges():
         why_cheap.PassCostConfig(repeats=10**6)
     with pytest.raises(ValueError):
         why_cheap.BatchConfig(repeats=10**6)
+
+
+def test_the_app_starts_on_the_light_pair_where_the_default_does_not_fit():
+    """An 8 GB school laptop starts on SmolLM2 with a note; a 24 GB machine on the default pair."""
+    small = fit.start_pair("qwen-coder", total=lambda: 8 * fit.GIB)
+    assert small.pair == fit.LIGHT_PAIR and "qwen-coder needs about" in small.note and "8.0 GB in all" in small.note
+    big = fit.start_pair("qwen-coder", total=lambda: 24 * fit.GIB)
+    assert big == fit.StartPair("qwen-coder", None)
+    assert fit.start_pair(fit.LIGHT_PAIR, total=lambda: fit.GIB).pair == fit.LIGHT_PAIR  # nothing lighter to offer
+    assert fit.estimate(fit.LIGHT_PAIR).bytes <= fit.DEFAULT_SHARE * 4 * fit.GIB  # the light pair fits a 4 GB machine
+
+
+def test_the_sidebar_starts_a_small_machine_on_the_light_pair(monkeypatch):
+    from specviz.app import sidebar
+
+    monkeypatch.setattr(fit, "total_bytes", lambda: 8 * fit.GIB)
+    sidebar.start_pair.cache_clear()
+    try:
+        assert sidebar.start_pair().pair == fit.LIGHT_PAIR
+        rules, _ = load_policy(PAIR_NAMES, env={}, secrets={})
+        settings, notes = settings_from_link({}, rules, sidebar.start_pair().pair)
+        assert settings.pair == fit.LIGHT_PAIR and not notes
+    finally:
+        sidebar.start_pair.cache_clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 import streamlit as st
 
 from specviz import models
+from specviz.models import fit as model_fit
 from specviz.app import policy as policy_rules
 from specviz.app.pairs import pair_store, pair_title
 from specviz.app.policy import Policy
@@ -66,7 +68,7 @@ def _init_from_query() -> None:
     precision = None
     if "pair" in params:  # no pair in the link: the operator's default, not the library's
         params["pair"], precision = models.split_ref(str(params["pair"]))
-    settings, notes = policy_rules.settings_from_link(params, rules, models.DEFAULT_PAIR, _pair_titles(rules))
+    settings, notes = policy_rules.settings_from_link(params, rules, start_pair().pair, _pair_titles(rules))
     for name in QUERY_KEYS.values():
         st.session_state[K + name] = getattr(settings, name)
     st.session_state[K + "precision"] = precision or AUTO
@@ -106,13 +108,15 @@ def sidebar_settings() -> Settings:
         sb.warning(note, icon=":material/link:")
     sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True,
              help="Changes the words and how much is shown, never the run itself.")
-    pair = st.session_state.get(K + "pair", models.DEFAULT_PAIR)
+    pair = st.session_state.get(K + "pair", start_pair().pair)
     if rules.classroom and len(rules.pairs) == 1:  # a classroom's pupils see what they may change, nothing else
         sb.markdown(f"**Model pair:** {pair_title(pair)}")
     else:
         sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=pair_title)
         precision_select(sb, st.session_state[K + "pair"])
         sb.caption(_pair_caption(_pair_from_state()))
+        if (start := start_pair()).note and pair == start.pair:
+            sb.caption(start.note)
     if len(rules.drafters) > 1:
         sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
                  help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
@@ -131,7 +135,7 @@ def sidebar_settings() -> Settings:
     sb.slider("Max new tokens", *rules.max_new_range, key=K + "max_new_tokens")
     sb.toggle("Presenter mode (large type)", key=K + "presenter")
     # checked again on the server, whatever the browser sent
-    settings, changed = policy_rules.enforce(_settings_from_state(), rules, models.DEFAULT_PAIR)
+    settings, changed = policy_rules.enforce(_settings_from_state(), rules, start_pair().pair)
     if changed:
         log.warning("settings held to the policy: %s", changed)
     st.session_state[K + "settings"] = settings
@@ -139,11 +143,17 @@ def sidebar_settings() -> Settings:
     return settings
 
 
+@functools.lru_cache(maxsize=1)
+def start_pair() -> model_fit.StartPair:
+    """The pair a visitor starts on: the default where it fits this machine's memory, else the light pair (once per server)."""
+    return model_fit.start_pair(models.DEFAULT_PAIR)
+
+
 def _hold_to(rules: Policy) -> None:
     """Keep the widgets' state inside the policy before they are drawn (an operator may tighten it while a session is open)."""
     ss = st.session_state
     if ss.get(K + "pair") not in rules.pairs:
-        ss[K + "pair"] = rules.first_pair(models.DEFAULT_PAIR)
+        ss[K + "pair"] = rules.first_pair(start_pair().pair)
     if ss.get(K + "drafter") not in rules.drafters:
         ss[K + "drafter"] = rules.drafters[0]
     lo, hi = rules.max_new_range

@@ -164,3 +164,36 @@ def check_fit(name: str, available: Callable[[], int] = available_bytes) -> Need
         raise DoesNotFit(f"This model pair needs about {gb(need.bytes)} of memory to load and this machine has "
                          f"{gb(free)} free: choose a smaller pair, or close other programs first.")
     return need
+
+
+# ------------------------------------------------------------------------------------------
+# The pair a visitor starts on: the default where it fits this machine, else the light one
+# ------------------------------------------------------------------------------------------
+
+LIGHT_PAIR = "smollm2-135m"  # about 2 GB at its load peak: runs on any school laptop
+DEFAULT_SHARE = 0.8  # the default pair's load peak must fit in this share of the machine's memory (OS and browser need the rest)
+
+
+def total_bytes() -> int:
+    """All the RAM of this machine (the default pair must fit a machine, not a moment's free memory)."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+@dataclass(frozen=True)
+class StartPair:
+    """The pair the app starts on here, and why it is not the preferred one (None when it is)."""
+
+    pair: str
+    note: str | None
+
+
+def start_pair(preferred: str, total: Callable[[], int] | None = None, light: str = LIGHT_PAIR) -> StartPair:
+    """`preferred` where its measured load peak fits in 80 % of this machine's memory, else the light pair, with why."""
+    need = estimate(preferred)
+    have = (total or total_bytes)()
+    if need is None or need.bytes <= DEFAULT_SHARE * have or preferred == light:
+        return StartPair(preferred, None)
+    return StartPair(light, f"The app started on the light pair: {preferred} needs about {gb(need.bytes)} of memory "
+                            f"to load and this machine has {gb(have)} in all. {preferred} stays in the list.")
