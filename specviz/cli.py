@@ -532,6 +532,9 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
             print("runs serving each prompt several sessions asked for (1 = shared): " + ", ".join(
                 f"{p!r} {n}" for p, n in report["runs_per_shared_prompt"].items()))  # type: ignore[union-attr]
         print("latency (Play -> both runs done): " + ", ".join(f"{k} {v} s" for k, v in lat.items()))  # type: ignore[union-attr]
+        first = report["first_round_s"]
+        print("first round on screen (Play -> its lane drawn): " + ", ".join(
+            f"{k} {v} s" for k, v in first.items()))  # type: ignore[union-attr]
         print(f"longest queue shown to a pupil: {report['max_queue_ahead_shown']} ahead; "
               f"'server busy' refusals (then reloaded): {report['refused_then_retried']}")
         rss = report["server_rss_mb"]

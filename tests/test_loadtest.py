@@ -43,6 +43,8 @@ def test_eight_sessions_at_once_all_correct_with_bounded_memory(capsys):
     assert figures["on_presets"] == 4 and figures["distinct_prompts"] == 7
     assert list(figures["runs_per_shared_prompt"].values()) == [1]  # the code preset: two sessions, one run
     assert all(r.latency_s is not None for r in report.results)
+    # every pupil saw a round drawn before the whole result was there (or at the latest with it)
+    assert all(r.first_round_s is not None and 0 < r.first_round_s <= r.latency_s for r in report.results)
     # the pupils at the back of the queue were told where they stood
     assert figures["max_queue_ahead_shown"] >= 2
     # sessions share one copy of the models: eight sessions' runs add little to the server's memory

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import os
 import socket
 import statistics
@@ -77,6 +78,7 @@ class SessionResult:
     error: str | None = None
     refused: int = 0  # times the page said the queue was full (the session then reloaded)
     run_ms: float | None = None  # the speculative run's decode time in its trace: equal only for one shared run
+    first_round_s: float | None = None  # Play pressed -> the first round's lane drawn
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,9 @@ class LoadReport:
     def passed(self) -> int:
         return sum(r.ok for r in self.results)
 
-    def percentiles(self) -> dict[str, float]:
-        """p50 / p90 / p99 / max of the sessions' latencies, in seconds."""
-        lat = sorted(r.latency_s for r in self.results if r.latency_s is not None)
+    def percentiles(self, field: str = "latency_s") -> dict[str, float]:
+        """p50 / p90 / p99 / max of the sessions' latencies (or of another timing field), in seconds."""
+        lat = sorted(v for r in self.results if (v := getattr(r, field)) is not None)
         if not lat:
             return {}
         cuts = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [lat[0]] * 99
@@ -117,6 +119,7 @@ class LoadReport:
             "distinct_prompts": len({r.prompt for r in self.results}),
             "runs_per_shared_prompt": self.shared_runs(),
             "passed": self.passed, "wall_s": round(self.wall_s, 2), "latency_s": {k: round(v, 2) for k, v in self.percentiles().items()},
+            "first_round_s": {k: round(v, 2) for k, v in self.percentiles("first_round_s").items()},
             "max_queue_ahead_shown": max((r.max_ahead for r in self.results), default=0),
             "refused_then_retried": sum(r.refused for r in self.results),
             "server_rss_mb": {"start": round(self.server_start_rss_mb), "peak": round(self.server_peak_rss_mb)},
@@ -216,6 +219,10 @@ class _Seen:
     fragments: dict[str, float] = field(default_factory=dict)  # fragment id -> auto-rerun interval
     widgets: dict[str, object] = field(default_factory=dict)  # widget id -> WidgetState the browser would send
     exception: str | None = None
+    first_round_at: float | None = None  # when the page first drew a round's lane (not the "thinking" placeholder)
+
+
+ROUND_LANE = re.compile(r'class="sv-lane(?: sv-current)?"')  # a drawn round (strip.lane_html), not a placeholder
 
 
 def _ahead_in(text: str) -> int:
@@ -290,6 +297,8 @@ def _read(msg: object, seen: _Seen) -> None:
             seen.busy = seen.busy or BUSY_TEXT in el.alert.body
         elif which == "exception":
             seen.exception = f"{el.exception.type}: {el.exception.message}"
+        elif which == "html" and seen.first_round_at is None and ROUND_LANE.search(el.html.body):
+            seen.first_round_at = time.time()
 
 
 BUSY_TEXT = "The server is busy"  # the page's words when the run queue is full (live.RunnerBusy)
@@ -351,7 +360,7 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
                                     "gamma": cfg.gamma, "mode": "greedy", "speed": "fastest", "autoplay": 1})
     ws_url = base.replace("http://", "ws://") + "/_stcore/stream"
     t_play, end = time.time(), time.time() + cfg.timeout_s
-    refused, max_ahead = 0, 0
+    refused, max_ahead, first_round = 0, 0, None
     try:
         while True:
             seen = _Seen()
@@ -363,6 +372,8 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
                 await asyncio.sleep(RETRY_AFTER_S)
             finally:
                 max_ahead = max(max_ahead, seen.max_ahead)
+                if first_round is None and seen.first_round_at is not None:
+                    first_round = seen.first_round_at - t_play
         latency = time.time() - t_play
         assert seen.json_url is not None
         doc = await asyncio.to_thread(_fetch_json, base + seen.json_url)
@@ -377,7 +388,7 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
         if reference and base_tokens != want:
             problems.append("baseline tokens differ from the single-session reference")
         return SessionResult(index, prompt, not problems, latency, max_ahead, tokens, "; ".join(problems) or None,
-                             refused, doc["speculative"].get("decode_ms"))
+                             refused, doc["speculative"].get("decode_ms"), first_round)
     except Exception as exc:  # noqa: BLE001 - a failed session is a result, not a crash of the test
         return SessionResult(index, prompt, False, None, max_ahead, (), f"{type(exc).__name__}: {exc}", refused)
 
