@@ -38,6 +38,11 @@ SPEEDS: dict[str, tuple[float, int]] = {
     "slow": (0.9, 1), "normal": (0.45, 1), "fast": (0.35, 2), "fastest": (0.35, 4),
 }
 WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
+# While a run waits in the queue the page draws only its place in it, every 2 s (and while only the
+# baseline is left to compute and the replay has ended, it redraws every 2 s too): measured with
+# `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 queued pages redrawing the whole live view at
+# the playback tick took so much of the 2-core server that each run and its baseline took 33 s instead of ~14 s.
+QUEUE_TICK = 2.0
 MAX_LANES = 6  # lanes on screen: the current round and the ones before it
 PROMPT_URL_MAX = 1500  # longer prompts stay out of the URL
 ss = st.session_state
@@ -396,6 +401,12 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
         lesson_md(s.level, "greedy_residual" if run_mode == "greedy" else "sampling_residual")
 
 
+def _tick_status(spec: JobView | None, plain: JobView | None) -> tuple[bool, bool, bool, bool]:
+    """What sets the live view's redraw rate: (run finished, baseline finished, playing, run still queued)."""
+    return (spec.finished if spec else True, plain.finished if plain else True, bool(ss[P + "playing"]),
+            bool(spec is not None and spec.state == "queued"))
+
+
 def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
     """One tick: advance the replay cursor if playing, then draw what has been recorded so far."""
     L = labels(s.level)
@@ -414,11 +425,13 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         if ss[P + "playing"]:
             ss[P + "playing"] = False
         ss[P + "seen_end"] = True
-    status = (spec.finished, plain.finished if plain else True, ss[P + "playing"])
+    status = _tick_status(spec, plain)
     if status != status_at_run:
         st.rerun(scope="app")  # start/stop ticking and show the end-of-run sections
 
     _status(ref, spec, plain, s, L)
+    if spec.state == "queued":
+        return  # nothing to replay yet: the place in the queue is all there is to draw (cheap for the server)
     waiting = not spec.finished and (cur is None or at_end)
     state = pb.lane_state(rounds[cur.round], cur.step) if cur else None
     left, right = st.columns([3, 2], gap="large")
@@ -627,10 +640,12 @@ def main() -> None:
                 "until then the previous run stays on screen.", icon=":material/sync:")
 
     spec, plain = _views(ref)
-    finished = (spec.finished if spec else True, plain.finished if plain else True)
-    playing = ss[P + "playing"]
-    status = (*finished, playing)
-    tick = SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
+    status = _tick_status(spec, plain)
+    finished, playing, queued = status[:2], status[2], status[3]
+    if queued or (not playing and finished == (True, False)):  # nothing moves but a place in the queue or a count
+        tick: float | None = QUEUE_TICK
+    else:
+        tick = SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
     live = st.fragment(run_every=tick)(_live)
     with st.container(key="sv-live"):
         live(ref, s, status)

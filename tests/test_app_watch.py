@@ -311,3 +311,35 @@ def test_the_page_says_when_this_runs_draft_model_cannot_pay():
     assert expected_line in warnings  # the very sentence computed from this run's own α and c
     at.radio(key="cfg.level").set_value("d1").run()
     assert not any("cannot pay" in w.value for w in at.warning)  # D1 gets words, not this engineer's warning
+
+
+def test_a_queued_run_draws_only_its_place_in_the_queue_and_redraws_slowly():
+    """A class's queued pages must not redraw the whole live view at the playback tick (it slowed every run 2.4×)."""
+    import threading
+
+    from specviz.app.jobs import runner
+    from specviz.core.progress import Progress
+
+    release = threading.Event()
+
+    def blocker():
+        yield Progress(0, 1, "holding the worker")
+        release.wait(60)
+        return None
+
+    runner().submit(("test.blocker", time.time()), blocker)
+    try:
+        at = make_app(prompt="a prompt only the queue test uses")
+        at.run()
+        at.button(key="watch.play").click().run()
+        no_exception(at)
+        assert "run ahead of you" in texts(at) or "runs ahead of you" in texts(at)
+        assert not [h for h in at.get("html") if 'class="sv-lane' in h.proto.body]  # not even the "thinking" lane
+    finally:
+        release.set()
+    end = time.time() + 60
+    while time.time() < end and not [h for h in at.get("html") if 'class="sv-lane' in h.proto.body]:
+        time.sleep(0.3)
+        at.run()
+        no_exception(at)
+    assert [h for h in at.get("html") if 'class="sv-lane' in h.proto.body], "the run's rounds never showed"
