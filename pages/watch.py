@@ -216,7 +216,8 @@ def _handle_play(pair: Any, prompt: Prompt, s: Settings) -> None:
         return
     old, new = _ref(), watch.run_ref(pair.spec.name, prompt.text, s)
     busy = jobs.submit({new.spec_key: lambda: watch.speculative_steps(pair, prompt.ids, s),
-                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)})
+                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)},
+                       later=(new.plain_key,))  # in a class, every pupil's rounds start before the baselines
     if busy:
         ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
         ss[P + "playing"] = False
@@ -426,8 +427,11 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
             ss[P + "playing"] = False
         ss[P + "seen_end"] = True
     status = _tick_status(spec, plain)
-    if status != status_at_run:
-        st.rerun(scope="app")  # start/stop ticking and show the end-of-run sections
+    inline = ss.pop(P + "live_inline", False)  # drawn by the page's own run, not by a tick of the fragment
+    if status != status_at_run and not inline:
+        # start/stop ticking and show the end-of-run sections. Not during the page's own run: a job that left
+        # the queue a moment ago would rerun the page at once and lose its one-time notes (the next tick does it)
+        st.rerun(scope="app")
 
     _status(ref, spec, plain, s, L)
     if spec.state == "queued":
@@ -648,6 +652,7 @@ def main() -> None:
         tick = SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
     live = st.fragment(run_every=tick)(_live)
     with st.container(key="sv-live"):
+        ss[P + "live_inline"] = True
         live(ref, s, status)
     st.divider()
     _same_text(ref, s)
