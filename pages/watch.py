@@ -261,6 +261,11 @@ def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: A
         st.caption(done + " The animation replays the recorded rounds.")
     if plain is not None and plain.state in ("failed", "cancelled"):
         jobs.show_status(ref.plain_key, plain, "The plain run for comparison", "Play")
+    elif plain is not None and plain.state == "queued":
+        j = jobs.job(ref.plain_key)
+        ahead = jobs.runner().ahead(j) if j else 0
+        st.caption(":material/timer: The plain run for comparison waits until the runs queued before it are done"
+                   + (f" ({ahead} to go)." if ahead > 0 else "."))
     elif plain is not None and not plain.finished:
         made = sum(len(r.new_ids) for r in plain.rounds)
         st.caption(f":material/timer: Measuring plain decoding for comparison… {made}/{ref.settings.max_new_tokens}")
