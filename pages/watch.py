@@ -38,8 +38,8 @@ SPEEDS: dict[str, tuple[float, int]] = {
     "slow": (0.9, 1), "normal": (0.45, 1), "fast": (0.35, 2), "fastest": (0.35, 4),
 }
 WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
-# While a run waits in the queue the page draws only its place in it, every 2 s (and while only the
-# baseline is left to compute and the replay has ended, it redraws every 2 s too): measured with
+# While a run waits in the queue the page draws only its place in it, every 2 s (and once the replay has
+# ended and only the baseline is left, only the baseline's line, every 2 s): measured with
 # `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 queued pages redrawing the whole live view at
 # the playback tick took so much of the 2-core server that each run and its baseline took 33 s instead of ~14 s.
 QUEUE_TICK = 2.0
@@ -259,16 +259,41 @@ def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: A
                 f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
                 f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
         st.caption(done + " The animation replays the recorded rounds.")
-    if plain is not None and plain.state in ("failed", "cancelled"):
+    if plain is not None and not _waits_for_baseline_only(_tick_status(spec, plain)):  # else _baseline_poll says it
+        _baseline_line(ref, plain)
+
+
+def _baseline_line(ref: RunRef, plain: JobView) -> None:
+    """Where the target-only baseline stands: failed or stopped, waiting its turn, or being measured."""
+    if plain.state in ("failed", "cancelled"):
         jobs.show_status(ref.plain_key, plain, "The plain run for comparison", "Play")
-    elif plain is not None and plain.state == "queued":
+    elif plain.state == "queued":
         j = jobs.job(ref.plain_key)
         ahead = jobs.runner().ahead(j) if j else 0
         st.caption(":material/timer: The plain run for comparison waits until the runs queued before it are done"
                    + (f" ({ahead} to go)." if ahead > 0 else "."))
-    elif plain is not None and not plain.finished:
+    elif not plain.finished:
         made = sum(len(r.new_ids) for r in plain.rounds)
         st.caption(f":material/timer: Measuring plain decoding for comparison… {made}/{ref.settings.max_new_tokens}")
+
+
+def _waits_for_baseline_only(status: tuple[bool, bool, bool, bool]) -> bool:
+    """The run is done, its replay has stopped, and only the baseline is left: the live view has nothing to redraw."""
+    run_done, baseline_done, playing, _ = status
+    return run_done and not baseline_done and not playing
+
+
+def _baseline_poll(ref: RunRef) -> None:
+    """While only the baseline is left: one small line redrawn every 2 s, and the whole page once it is done."""
+
+    @st.fragment(run_every=QUEUE_TICK)
+    def poll() -> None:
+        j = jobs.job(ref.plain_key)
+        if j is None or j.view().finished:
+            st.rerun(scope="app")
+        _baseline_line(ref, j.view())
+
+    poll()
 
 
 def _lanes(rounds: tuple[RoundTrace, ...], cur: pb.Cursor | None, waiting: bool, s: Settings, L: Any) -> str:
@@ -651,14 +676,19 @@ def main() -> None:
     spec, plain = _views(ref)
     status = _tick_status(spec, plain)
     finished, playing, queued = status[:2], status[2], status[3]
-    if queued or (not playing and finished == (True, False)):  # nothing moves but a place in the queue or a count
+    baseline_only = _waits_for_baseline_only(status)
+    if queued:  # nothing moves but a place in the queue
         tick: float | None = QUEUE_TICK
+    elif baseline_only:  # nothing in the live view moves at all: _baseline_poll below waits for the baseline
+        tick = None
     else:
         tick = SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
     live = st.fragment(run_every=tick)(_live)
     with st.container(key="sv-live"):
         ss[P + "live_inline"] = True
         live(ref, s, status)
+        if baseline_only:
+            _baseline_poll(ref)
     st.divider()
     _same_text(ref, s)
     _drafter_verdict(ref, s, pair.device.type)
