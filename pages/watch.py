@@ -216,8 +216,7 @@ def _handle_play(pair: Any, prompt: Prompt, s: Settings) -> None:
         return
     old, new = _ref(), watch.run_ref(pair.spec.name, prompt.text, s)
     busy = jobs.submit({new.spec_key: lambda: watch.speculative_steps(pair, prompt.ids, s),
-                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)},
-                       later=(new.plain_key,))  # in a class, every pupil's rounds start before the baselines
+                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)})
     if busy:
         ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
         ss[P + "playing"] = False

@@ -240,34 +240,6 @@ def test_runner_queue_is_bounded_and_reports_positions():
     assert runner.submit("c", quick) is not None  # room again
 
 
-def test_baselines_wait_behind_every_run_so_a_class_sees_rounds_first():
-    gate = threading.Event()
-    order: list[str] = []
-
-    def blocked():
-        gate.wait(10)
-        yield 0
-
-    def named(name):
-        def make():
-            order.append(name)
-            yield 0
-        return make
-
-    runner = Runner(str)
-    first = runner.submit("first", blocked)
-    assert _wait(lambda: first.view().state == "running")
-    runner.submit("run A", named("run A"))
-    base_a = runner.submit("baseline A", named("baseline A"), later=True)
-    runner.submit("run B", named("run B"))
-    runner.submit("baseline B", named("baseline B"), later=True)
-    last = runner.submit("run C", named("run C"))
-    assert (runner.ahead(last), runner.ahead(base_a)) == (3, 4)  # run C jumped both baselines
-    gate.set()
-    assert _wait(lambda: len(order) == 5)
-    assert order == ["run A", "run B", "run C", "baseline A", "baseline B"]
-
-
 def test_job_progress_is_the_last_progress_yielded():
     def lab():
         for i in range(3):

@@ -67,17 +67,17 @@ def _room_for(keys: Iterable[Key], owner: str, limit: int) -> None:
         raise OwnerBusy.waiting(waiting)
 
 
-def submit(tasks: Mapping[Key, Make], later: Iterable[Key] = ()) -> str | None:
+def submit(tasks: Mapping[Key, Make]) -> str | None:
     """Queue all tasks or none, as this browser and within its share of waiting runs (an existing job for a
-    key is reused, a failed or stopped one queued again). Keys in `later` wait behind every other queued job.
+    key is reused, a failed or stopped one queued again).
 
     Returns None, or the sentence to show when the queue (or this browser's share of it) is full.
     """
-    owner, limit, behind = owner_id(), current_policy().waiting_per_browser, set(later)
+    owner, limit = owner_id(), current_policy().waiting_per_browser
     try:
         _room_for(tasks, owner, limit)
         for key, make in tasks.items():
-            runner().submit(key, make, owner=owner, owner_limit=limit, later=key in behind)
+            runner().submit(key, make, owner=owner, owner_limit=limit)
     except RunnerBusy as exc:
         return f"The server is busy: {exc}."
     return None

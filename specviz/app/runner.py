@@ -139,11 +139,9 @@ class JobView:
 class Job:
     """One job drained in the worker thread; its yielded items appear here as they are made."""
 
-    def __init__(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None,
-                 later: bool = False) -> None:
+    def __init__(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None) -> None:
         self.key = key
         self.owner = owner  # who asked first (a browser id): counts towards that browser's waiting runs
-        self.later = later  # waits behind every job that is not `later` (a Watch run's baseline)
         self._make = make
         self._lock = threading.Lock()
         self._rounds: list[Any] = []
@@ -218,13 +216,11 @@ class Runner:
         self._worker.start()
 
     def submit(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None,
-               owner_limit: int | None = None, later: bool = False) -> Job:
+               owner_limit: int | None = None) -> Job:
         """The job for `key`, created and queued if there is none (or the last one failed or was stopped).
 
         With an `owner`, at most `owner_limit` of its new jobs wait at once (OwnerBusy beyond that);
-        a job that exists already is shared and costs nobody a place. A `later` job queues behind
-        every job that is not: a class's speculative runs all start before the baselines they are
-        compared with, so every pupil sees rounds sooner (the speed-up figure comes after).
+        a job that exists already is shared and costs nobody a place.
         """
         with self._lock:
             job = self._jobs.get(key)
@@ -236,19 +232,11 @@ class Runner:
                                  "please try again in a minute")
             if owner is not None and owner_limit is not None and self._waiting(owner) >= owner_limit:
                 raise OwnerBusy.waiting(self._waiting(owner))
-            job = self._jobs[key] = Job(key, make, owner, later)
+            job = self._jobs[key] = Job(key, make, owner)
             self._evict()
-            self._enqueue(job)
+            self._pending.append(job)
             self._lock.notify()
         return job
-
-    def _enqueue(self, job: Job) -> None:
-        """At the end of the queue; a job that is not `later` goes before the first `later` one."""
-        first_later = next((i for i, j in enumerate(self._pending) if j.later), None)
-        if job.later or first_later is None:
-            self._pending.append(job)
-        else:
-            self._pending.insert(first_later, job)
 
     def get(self, key: Hashable) -> Job | None:
         """The job for `key` if one exists (starts nothing)."""
