@@ -40,8 +40,8 @@ SPEEDS: dict[str, tuple[float, int]] = {
 WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
 # While a run waits in the queue the page draws only its place in it, every 2 s (and once the replay has
 # ended and only the baseline is left, only the baseline's line, every 2 s): measured with
-# `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 queued pages redrawing the whole live view at
-# the playback tick took so much of the 2-core server that each run and its baseline took 33 s instead of ~14 s.
+# `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 pages redrawing the whole live view at the
+# playback tick while they waited made the class's 18 runs and baselines take 603 s instead of 358 s.
 QUEUE_TICK = 2.0
 MAX_LANES = 6  # lanes on screen: the current round and the ones before it
 PROMPT_URL_MAX = 1500  # longer prompts stay out of the URL
