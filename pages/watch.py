@@ -439,6 +439,7 @@ def _tick_status(spec: JobView | None, plain: JobView | None) -> tuple[bool, boo
 
 def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
     """One tick: advance the replay cursor if playing, then draw what has been recorded so far."""
+    inline = ss.pop(P + "live_inline", False)  # drawn by the page's own run, not by a tick of the fragment
     L = labels(s.level)
     spec, plain = _views(ref)
     if spec is None:
@@ -456,7 +457,6 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
             ss[P + "playing"] = False
         ss[P + "seen_end"] = True
     status = _tick_status(spec, plain)
-    inline = ss.pop(P + "live_inline", False)  # drawn by the page's own run, not by a tick of the fragment
     if status != status_at_run and not inline:
         # start/stop ticking and show the end-of-run sections. Not during the page's own run: a job that left
         # the queue a moment ago would rerun the page at once and lose its one-time notes (the next tick does it)
