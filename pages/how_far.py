@@ -203,13 +203,14 @@ def _shape_section(pair, s: Settings) -> None:
     if pair.draft is None:
         st.info("This pair has no draft model: a tree grows from the draft's probabilities.", icon=":material/info:")
         return
-    try:
-        cfg = chain_or_tree.make_config(s.pair, True, sizes, s.sampling) if sizes else None
-    except ValueError as exc:
-        st.info(str(exc), icon=":material/edit:")
-        cfg = None
+    cfg, problem = None, None if sizes else "Choose at least one n to compare."
+    if sizes:
+        try:
+            cfg = chain_or_tree.make_config(s.pair, sizes, s.sampling)
+        except ValueError as exc:
+            problem = str(exc)
     if cfg is None:
-        st.info("Choose at least one n to compare.", icon=":material/edit:")
+        st.info(problem, icon=":material/edit:")
     else:
         mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
         st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "

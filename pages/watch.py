@@ -243,8 +243,9 @@ def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
         chart(cached[1], P + name)
 
 
-def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any) -> None:
-    """One line on the run's progress (and the baseline's), in the level's words; the lanes show the rounds."""
+def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any, baseline: bool = True) -> None:
+    """One line on the run's progress (and the baseline's, unless `baseline` is False: _baseline_poll says it then),
+    in the level's words; the lanes show the rounds."""
     d1 = s.level == "d1"
     if spec.state in ("failed", "cancelled", "queued"):
         jobs.show_status(ref.spec_key, spec, "This run", "Play")
@@ -258,7 +259,7 @@ def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: A
                 f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
                 f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
         st.caption(done + " The animation replays the recorded rounds.")
-    if plain is not None and not _waits_for_baseline_only(_tick_status(spec, plain)):  # else _baseline_poll says it
+    if plain is not None and baseline:
         _baseline_line(ref, plain)
 
 
@@ -462,7 +463,7 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         # the queue a moment ago would rerun the page at once and lose its one-time notes (the next tick does it)
         st.rerun(scope="app")
 
-    _status(ref, spec, plain, s, L)
+    _status(ref, spec, plain, s, L, baseline=not _waits_for_baseline_only(status))
     if spec.state == "queued":
         return  # nothing to replay yet: the place in the queue is all there is to draw (cheap for the server)
     waiting = not spec.finished and (cur is None or at_end)

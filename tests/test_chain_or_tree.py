@@ -14,11 +14,11 @@ GREEDY = SamplingConfig("greedy")
                                         ((17,), "size must be")])
 def test_config_refuses_bad_sizes(sizes, bad):
     with pytest.raises(ValueError, match=bad):
-        ShapeConfig("tiny-random", True, sizes, GREEDY)
+        ShapeConfig("tiny-random", sizes, GREEDY)
 
 
 def test_the_tree_verifies_as_many_nodes_as_the_chain_guesses():
-    cfg = make_config("tiny-random", True, [8, 4, 8], GREEDY)
+    cfg = make_config("tiny-random", [8, 4, 8], GREEDY)
     assert cfg.sizes == (4, 8) and cfg.runs == 2 * (1 + 2 * 2)
     tree = cfg.tree(8)
     assert (tree.budget, tree.depth, tree.min_score) == (8, 8, 0.0)  # no pruning: the same n verified
@@ -27,7 +27,7 @@ def test_the_tree_verifies_as_many_nodes_as_the_chain_guesses():
 
 def test_a_job_measures_every_preset_size_and_shape_and_keeps_greedy_identical():
     pair = load_pair("tiny-random")
-    result = drain(shape_steps(pair, make_config("tiny-random", True, [3, 6], GREEDY)))
+    result = drain(shape_steps(pair, make_config("tiny-random", [3, 6], GREEDY)))
     assert set(result.baseline_ms_per_token) == {"code", "story"}
     assert len(result.points) == 2 * 2 * 2
     for p in result.points:

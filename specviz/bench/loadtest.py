@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ RACE_KEY = "watch.race_go"  # drawn only once both runs (speculative and plain) 
 # share one cached run and test nothing). A realistic class (--class-mix) puts some pupils on the
 # teacher's presets instead: those share one run per preset.
 CLASS_PRESETS = ("code", "list", "story")
+CLASS_PROMPTS = tuple(p.prompt for name in CLASS_PRESETS if (p := get_preset(name)) is not None)
 PROMPT_STEMS = ("def add_{i}(a, b):", "Pupil {i} writes a list:\n1.", "Once upon a time, number {i}",
                 "SELECT name FROM pupils WHERE id = {i}", "The {i}th planet is", "for i in range({i}):")
 
@@ -59,9 +59,7 @@ class LoadConfig:
     def prompt(self, i: int) -> str:
         """Session i's prompt: on a preset for an evenly spread `preset_share` of the sessions, else its own."""
         if math.floor((i + 1) * self.preset_share) > math.floor(i * self.preset_share):
-            preset = get_preset(CLASS_PRESETS[math.floor(i * self.preset_share) % len(CLASS_PRESETS)])
-            assert preset is not None
-            return preset.prompt
+            return CLASS_PROMPTS[math.floor(i * self.preset_share) % len(CLASS_PROMPTS)]
         return session_prompt(i)
 
 
@@ -105,17 +103,16 @@ class LoadReport:
 
     def shared_runs(self) -> dict[str, int]:
         """Per prompt asked by several sessions: how many distinct runs served them (1 = all shared one run)."""
-        by_prompt: dict[str, set[float | None]] = {}
+        by_prompt: dict[str, list[float | None]] = {}
         for r in self.results:
             if r.ok:
-                by_prompt.setdefault(r.prompt, set()).add(r.run_ms)
-        asked = Counter(r.prompt for r in self.results if r.ok)
-        return {p[:24]: len(runs) for p, runs in by_prompt.items() if asked[p] > 1}
+                by_prompt.setdefault(r.prompt, []).append(r.run_ms)
+        return {p[:24]: len(set(runs)) for p, runs in by_prompt.items() if len(runs) > 1}
 
     def as_dict(self) -> dict[str, object]:
         return {
             "sessions": self.config.sessions, "pair": self.config.pair, "max_new_tokens": self.config.max_new_tokens,
-            "on_presets": sum(r.prompt in self._preset_prompts() for r in self.results),
+            "on_presets": sum(r.prompt in CLASS_PROMPTS for r in self.results),
             "distinct_prompts": len({r.prompt for r in self.results}),
             "runs_per_shared_prompt": self.shared_runs(),
             "passed": self.passed, "wall_s": round(self.wall_s, 2), "latency_s": {k: round(v, 2) for k, v in self.percentiles().items()},
@@ -125,10 +122,6 @@ class LoadReport:
             "server_rss_mb": {"start": round(self.server_start_rss_mb), "peak": round(self.server_peak_rss_mb)},
             "failures": [f"session {r.index}: {r.error}" for r in self.results if not r.ok],
         }
-
-
-    def _preset_prompts(self) -> set[str]:
-        return {p.prompt for name in CLASS_PRESETS if (p := get_preset(name)) is not None}
 
 
 def session_prompt(i: int) -> str:

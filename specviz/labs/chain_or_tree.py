@@ -29,7 +29,6 @@ class ShapeConfig:
     """One measurement of the section; frozen plain values, so it is the runner's job key."""
 
     pair: str
-    drafter_model: bool  # the pair has a draft model (the tree needs one)
     sizes: tuple[int, ...]  # verified drafted tokens per pass, sorted and unique
     sampling: SamplingConfig  # the sidebar's decoding, for every run
     presets: tuple[str, ...] = PRESETS
@@ -63,9 +62,9 @@ class ShapeConfig:
         return len(self.presets) * (1 + len(SHAPES) * len(self.sizes))
 
 
-def make_config(pair: str, has_draft: bool, sizes: Sequence[int], sampling: SamplingConfig) -> ShapeConfig:
+def make_config(pair: str, sizes: Sequence[int], sampling: SamplingConfig) -> ShapeConfig:
     """A ShapeConfig with the sizes sorted and de-duplicated (a multiselect gives them in click order)."""
-    return ShapeConfig(pair, has_draft, tuple(sorted({int(n) for n in sizes})), sampling)
+    return ShapeConfig(pair, tuple(sorted({int(n) for n in sizes})), sampling)
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def _point(preset: str, size: int, shape: str, gen: Generation, baseline: Genera
 
 def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, ShapeResult]:
     """The runner job: per preset the target alone, then a chain and a tree run at every size."""
-    if not config.drafter_model or pair.draft is None:
+    if pair.draft is None:
         raise ValueError("chain or tree needs the pair's draft model (the tree grows from its probabilities)")
     budget, eos, total = config.max_new_tokens, tuple(pair.eos_ids), config.max_new_tokens * config.runs
     done, base_ms, points = 0, {}, []

@@ -49,10 +49,8 @@ def shape_figure(result: ShapeResult, level: str = "d2", font_size: int = 13) ->
         fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1), row=2, col=col)
         fig.update_xaxes(title_text=w["x"], tickvals=list(result.config.sizes), row=2, col=col)
         fig.update_xaxes(tickvals=list(result.config.sizes), row=1, col=col)
-    fig.update_yaxes(title_text=w["tokens"], rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text=w["speed"], rangemode="tozero", ticksuffix="×", row=2, col=1)
-    fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    fig.update_yaxes(rangemode="tozero", ticksuffix="×", row=2, col=2)
+        fig.update_yaxes(title_text=w["tokens"] if col == 1 else None, rangemode="tozero", row=1, col=col)
+        fig.update_yaxes(title_text=w["speed"] if col == 1 else None, rangemode="tozero", ticksuffix="×", row=2, col=col)
     return layout(fig, 520, font_size, margin=dict(l=10, r=10, t=60, b=10))
 
 
