@@ -12,7 +12,8 @@ from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.models import PairError, load_pair
-from specviz.models.precision import batch_variant_twin, int8_linears
+from specviz.models.packed import PackedLinear
+from specviz.models.precision import FP32_LINEARS, batch_variant_twin
 
 
 def test_agreeing_runs_have_no_divergence():
@@ -94,10 +95,12 @@ def test_the_int8_twin_shares_the_targets_other_tensors_and_leaves_it_untouched(
     assert batch_variant_twin(pair.target) is twin  # made once per target
     emb, twin_emb = pair.target.get_input_embeddings().weight, twin.get_input_embeddings().weight
     assert twin_emb.data_ptr() == emb.data_ptr()  # shared, not copied
-    linears = [m for m in pair.target.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(m.weight.dtype == torch.float32 for m in linears)  # the target is still fp32
+    linears = {name: m for name, m in pair.target.named_modules() if isinstance(m, (torch.nn.Linear, PackedLinear))}
+    assert linears and all(m.dtype == torch.float32 if isinstance(m, PackedLinear) else m.weight.dtype == torch.float32
+                           for m in linears.values())  # the target is still fp32 (packed where this CPU allows)
     dynamic = [m for m in twin.modules() if "quantized.dynamic" in type(m).__module__]
-    assert len(dynamic) == len(int8_linears(pair.target))  # every Linear int8 covers, in the twin only
+    covered = [name for name in linears if name.rsplit(".", 1)[-1] not in FP32_LINEARS]
+    assert len(dynamic) == len(covered) > 0  # every Linear int8 covers, in the twin only
     with pytest.raises(PairError, match="fp32 target on the CPU"):
         batch_variant_twin(copy.deepcopy(pair.target).to(torch.bfloat16))
 

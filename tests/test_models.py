@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -18,6 +19,7 @@ from specviz.models import base
 from specviz.models import gguf
 from specviz.models.gguf import GgufPart, GgufSource
 from specviz.models import tiny
+from specviz.models.packed import unpack_linears
 from specviz.models import (
     DEFAULT_PAIR,
     PAIR_NAMES,
@@ -55,7 +57,7 @@ def save_pair(pair: LoadedPair, folder: Path) -> tuple[Path, Path]:
     """Write a loaded fp32 pair as two HF folders (draft, target) with the tokenizer in each."""
     draft_dir, target_dir = folder / "draft", folder / "target"
     for model, out in ((pair.draft, draft_dir), (pair.target, target_dir)):
-        model.save_pretrained(out)
+        unpack_linears(copy.deepcopy(model)).save_pretrained(out)  # packed weights are not parameters: unpack a copy
         pair.tokenizer.save_pretrained(out)
     return draft_dir, target_dir
 

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from specviz.models.base import PairError, _first_line
+from specviz.models.packed import PackedLinear, unpack_linears
 
 Precision = Literal["fp32", "bf16", "int8"]
 TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8")
@@ -163,11 +164,24 @@ def batch_variant_twin(model: torch.nn.Module) -> torch.nn.Module:
     with _TWINS_LOCK:  # two pupils asking at once must not quantize twice
         twin = _TWINS.get(model)
         if twin is None:
-            shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+            tensors = itertools.chain(model.parameters(), model.buffers(),
+                                      (m.packed for m in model.modules() if isinstance(m, PackedLinear)))
+            shared = {id(t): t for t in tensors}
             with torch.no_grad():
-                twin = quantize_int8(copy.deepcopy(model, memo=shared)).eval()
+                twin = copy.deepcopy(model, memo=shared)
+                _quantize_packed(twin)
+                twin = quantize_int8(twin).eval()
             _TWINS[model] = twin
         return twin
+
+
+def _quantize_packed(model: torch.nn.Module) -> None:
+    """Give a copy's packed linears (models.packed) int8 modules from their weights, one at a time; FP32_LINEARS stay shared."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear) and name not in FP32_LINEARS:
+                plain = unpack_linears(torch.nn.Sequential(child))  # a new plain weight, the packed one stays shared
+                setattr(parent, name, quantize_int8(plain)[0])
 
 
 @functools.lru_cache(maxsize=8)

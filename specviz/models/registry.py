@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specviz.models import packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.fit import check_fit
@@ -176,6 +177,10 @@ def load_pair(
         _check_logit_widths(target, draft, spec.name)
         target = _set_precision(target, choice.target, "target", report)
         target, draft = _to_device(target, dev), _to_device(draft, dev)
+        if dev.type == "cpu":
+            report(0.97, "packing the weights for fast verify passes")
+            packed.pack_linears(target)
+            packed.pack_linears(draft)  # what int8 left in fp32 (its down projections), or all of an fp32 draft
     _return_freed_memory()
     report(1.0, f"{spec.title} ready")
     return LoadedPair(
@@ -283,7 +288,7 @@ def _model_bytes(model: nn.Module) -> int:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-    return total
+    return total + packed.packed_bytes(model)
 
 
 def _packed_weights(model: nn.Module) -> list[torch.Tensor]:
