@@ -27,18 +27,19 @@ DEPTH_RANGE = (1, 16)
 class TreeConfig:
     """The shape of a drafted tree; the chain of γ tokens is TreeConfig(budget=γ, branching=1, depth=γ)."""
 
-    # Defaults measured with `python -m specviz bench --quick --methods target,spec-g4,spec-tree` (qwen-coder,
-    # greedy, 2-core Intel Xeon, 2026-12-01), tree vs γ=4 chain in the same run, code / list / story:
-    #   16, 2, 6, 0.0   1.57 / 1.48 / 0.96×  vs  1.44 / 1.42 / 1.16×
-    #   24, 2, 12, 0.05 1.50 / 1.82 / 0.83×  vs  1.32 / 1.64 / 1.09×
-    #   24, 2, 12, 0.15 1.63 / 1.55 / 1.12×  vs  1.38 / 1.51 / 1.24×   <- these defaults
-    #   24, 2, 12, 0.3  1.42 / 1.49 / 1.29×  vs  1.53 / 1.55 / 1.26×
-    # A pass over 8 to 24 nodes costs ~2.7-3.3 target steps here, 4 nodes ~1.9: the tree pays where the
-    # draft is sure for many tokens (code) and loses a little where it is not (story).
-    budget: int = 24  # nodes the target verifies per round at most
+    # Defaults measured with a driver over the bench's prompts (qwen-coder, greedy, 32 tokens, 2-core AMD EPYC,
+    # 2026-12-01, packed target linears: a verify pass over 4 / 17 nodes costs ~1.0 / ~1.7 target steps),
+    # speed-up over the target alone, code / list / story (tokens per target call):
+    #   24, 2, 12, 0.15  2.26 / 2.65 / 1.32×  (10.7 / 6.4 / 2.7)
+    #   32, 2, 16, 0.05  1.88 / 3.05 / 1.34×  (10.7 / 10.7 / 3.6)
+    #   32, 2, 16, 0.02  1.95 / 2.72 / 1.46×  (10.7 / 10.7 / 4.0)   <- these defaults: most tokens per call on all three
+    #   32, 3, 16, 0.05  2.03 / 2.62 / 1.59×  (10.7 / 10.7 / 3.6)
+    # Code accepts the same tokens under every setting, so its spread (1.88-2.26×) is this machine's noise.
+    # With unpacked linears (a pass over 8-24 nodes cost ~3 steps) the smaller 24, 2, 12, 0.15 tree had won.
+    budget: int = 32  # nodes the target verifies per round at most
     branching: int = 2  # children per expanded node, and nodes expanded per level (EAGLE-2's top-k)
-    depth: int = 12  # longest branch, i.e. most drafted tokens one round can accept (also the draft passes)
-    min_score: float = 0.15  # leave out nodes whose path probability (by the draft) is below this: neither expanded nor verified
+    depth: int = 16  # longest branch, i.e. most drafted tokens one round can accept (also the draft passes)
+    min_score: float = 0.02  # leave out nodes whose path probability (by the draft) is below this: neither expanded nor verified
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in (("budget", BUDGET_RANGE), ("branching", BRANCHING_RANGE), ("depth", DEPTH_RANGE)):
@@ -272,7 +273,7 @@ class TreeSession:
         """The budget's best candidates by path score (ancestor-closed: a child never outscores its parent).
 
         Candidates below min_score are left out, all but the best one: where the draft is unsure the
-        tree stays small, and a small pass is cheaper here (4 nodes cost ~1.9 target steps, 8 or more ~2.7).
+        tree stays small: fewer nodes verified, and fewer levels drafted.
         """
         ranked = sorted(range(len(cands)), key=lambda c: (-cands[c].score, cands[c].depth, c))
         best = [c for i, c in enumerate(ranked) if i == 0 or cands[c].score >= self.config.min_score][: self.config.budget]
