@@ -59,11 +59,23 @@ def test_a_cuda_or_bf16_model_without_a_row_invariant_kernel_is_not_packed(monke
 
 @needs_packing
 def test_the_loaded_pair_is_packed_and_still_gives_the_targets_greedy_tokens():
+    assert not packed.is_packed(load_pair("tiny-random", "int8").draft)  # int8 drafts keep their numerics
     pair = load_pair("tiny-random")
+    assert pair.draft_precision == "fp32"
     assert packed.is_packed(pair.target) and packed.is_packed(pair.draft)
+    assert "packed for oneDNN" in pair.precision_reason
     assert pair.weight_bytes >= packed.packed_bytes(pair.target) > 0  # the memory shown counts the packed weights
     config = GenerationConfig(max_new_tokens=24, gamma=5, sampling=SamplingConfig("greedy"))
     prompt = [11, 12, 13, 14]
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt, config))
     spec = drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, prompt, config))
     assert spec.tokens == base.tokens
+
+
+def test_the_operator_can_keep_torchs_linears(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_PACKED", "0")
+    _, target, _ = _build_tiny_random()
+    assert packed.pack_linears(target) == 0 and not packed.is_packed(target)
+    assert packed.describe(0) == "torch's plain linears (SPECVIZ_PACKED=0)"
+    pair = load_pair("tiny-random")
+    assert not packed.is_packed(pair.target) and "SPECVIZ_PACKED=0" in pair.precision_reason

@@ -13,6 +13,7 @@ they do not hold (no oneDNN, another CPU), the model keeps torch's plain linears
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -90,6 +91,20 @@ def _linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.n
             if type(child) is torch.nn.Linear]
 
 
+def packing_enabled() -> bool:
+    """False where the operator set SPECVIZ_PACKED=0 (torch's plain linears everywhere, e.g. to compare)."""
+    return os.environ.get("SPECVIZ_PACKED", "1").strip() != "0"
+
+
+def describe(n_packed: int) -> str:
+    """One line for the precision note: which matrix kernels the target got."""
+    if n_packed:
+        return f"target linears packed for oneDNN at load ({n_packed}; each row the same bits at any pass size here)"
+    if not packing_enabled():
+        return "torch's plain linears (SPECVIZ_PACKED=0)"
+    return "torch's plain linears (packed ones are unavailable or not row-invariant here)"
+
+
 def pack_linears(model: torch.nn.Module) -> int:
     """Replace every nn.Linear of a CPU model by a PackedLinear, one at a time (peak memory: one extra matrix).
 
@@ -98,7 +113,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     packed (0 where none). A head tied to the embedding gets its own packed copy.
     """
     first = next(model.parameters(), None)
-    if first is None or first.device.type != "cpu" or not packing_works(first.dtype):
+    if first is None or first.device.type != "cpu" or not packing_enabled() or not packing_works(first.dtype):
         return 0
     layers = _linears(model)
     gen = torch.Generator().manual_seed(0)
