@@ -27,19 +27,20 @@ DEPTH_RANGE = (1, 16)
 class TreeConfig:
     """The shape of a drafted tree; the chain of γ tokens is TreeConfig(budget=γ, branching=1, depth=γ)."""
 
-    # Defaults measured with a driver over the bench's prompts (qwen-coder, greedy, 32 tokens, 2-core AMD EPYC,
-    # 2026-12-01, packed target linears: a verify pass over 4 / 17 nodes costs ~1.0 / ~1.7 target steps),
-    # speed-up over the target alone, code / list / story (tokens per target call):
-    #   24, 2, 12, 0.15  2.26 / 2.65 / 1.32×  (10.7 / 6.4 / 2.7)
+    # Defaults measured with packed target linears (a verify pass over 4 / 17 nodes costs ~1.0 / ~1.7 target
+    # steps), qwen-coder, greedy, 32 tokens, 2-core AMD EPYC, 2026-12-01, speed-up over the target alone,
+    # code / list / story (tokens per target call), a driver over the bench's prompts, 2 runs each:
+    #   24, 2, 12, 0.15  2.26 / 2.65 / 1.32×  (10.7 / 6.4 / 2.7)   <- these defaults
     #   32, 2, 16, 0.05  1.88 / 3.05 / 1.34×  (10.7 / 10.7 / 3.6)
-    #   32, 2, 16, 0.02  1.95 / 2.72 / 1.46×  (10.7 / 10.7 / 4.0)   <- these defaults: most tokens per call on all three
+    #   32, 2, 16, 0.02  1.95 / 2.72 / 1.46×  (10.7 / 10.7 / 4.0)
     #   32, 3, 16, 0.05  2.03 / 2.62 / 1.59×  (10.7 / 10.7 / 3.6)
-    # Code accepts the same tokens under every setting, so its spread (1.88-2.26×) is this machine's noise.
-    # With unpacked linears (a pass over 8-24 nodes cost ~3 steps) the smaller 24, 2, 12, 0.15 tree had won.
-    budget: int = 32  # nodes the target verifies per round at most
+    # and in `bench --quick` runs 24, 2, 12, 0.15 gave 2.66 / 2.48 / 1.45×, 32, 2, 16, 0.02 gave 1.91 / 2.87 / 1.32×:
+    # the bigger tree gets more tokens per call on list and story but drafts more levels for them, and on
+    # code (same tokens per call under every setting) those levels are pure cost. Spread between runs ~0.3×.
+    budget: int = 24  # nodes the target verifies per round at most
     branching: int = 2  # children per expanded node, and nodes expanded per level (EAGLE-2's top-k)
-    depth: int = 16  # longest branch, i.e. most drafted tokens one round can accept (also the draft passes)
-    min_score: float = 0.02  # leave out nodes whose path probability (by the draft) is below this: neither expanded nor verified
+    depth: int = 12  # longest branch, i.e. most drafted tokens one round can accept (also the draft passes)
+    min_score: float = 0.15  # leave out nodes whose path probability (by the draft) is below this: neither expanded nor verified
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in (("budget", BUDGET_RANGE), ("branching", BRANCHING_RANGE), ("depth", DEPTH_RANGE)):
