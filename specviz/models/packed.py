@@ -3,8 +3,8 @@
 Why: torch's plain CPU linear re-packs the weight on every call, and for a few rows (a verify pass of
 4 to 17 tokens) that costs 3-4x one row here (a 1.5B fp32 target: 1.47 s for 4 new tokens vs 0.46 s
 for 1). oneDNN's inner product over a weight reordered once at load (what torch.compile's CPU
-freezing does with `mkldnn._reorder_linear_weight`) costs about one row's time for 4 rows and ~1.7x
-for 17, and on the CPUs measured here it computes every row the same way whatever the number of
+freezing does with `mkldnn._reorder_linear_weight`) costs 1.0-1.25x one row's time for 4 rows and
+~1.7-1.8x for 16-17 (`python -m specviz why-cheap`), and on the CPUs measured here it computes every row the same way whatever the number of
 rows, bit for bit: a token's logits no longer depend on how many tokens were scored with it in the
 linears. Both facts are measured on the machine (`packing_works`) before any model is packed; where
 they do not hold (no oneDNN, another CPU), the model keeps torch's plain linears.
