@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
@@ -38,15 +39,18 @@ class PackedLinear(torch.nn.Module):
         """The weight in the plain layout (a new tensor: for copies such as the int8 twin)."""
         return self.packed.to_dense()
 
+    def to_linear(self) -> torch.nn.Linear:
+        """A plain nn.Linear with this layer's weight (a new tensor) and bias (shared)."""
+        return plain_linear(self.unpacked_weight(), self.bias)
+
     def __deepcopy__(self, memo: dict) -> "PackedLinear":
         """A copy sharing what `memo` already maps (as copy.deepcopy does for parameters), cloning the rest."""
         new = PackedLinear.__new__(PackedLinear)
         memo[id(self)] = new
         torch.nn.Module.__init__(new)
         new.out_features, new.in_features, new.dtype = self.out_features, self.in_features, self.dtype
-        new.packed = memo.get(id(self.packed)) if id(self.packed) in memo else self.packed.clone()
-        bias = None if self.bias is None else memo.get(id(self.bias), self.bias.clone())
-        new.register_buffer("bias", bias, persistent=False)
+        new.packed = _shared_or_clone(self.packed, memo)
+        new.register_buffer("bias", None if self.bias is None else _shared_or_clone(self.bias, memo), persistent=False)
         return new
 
     def nbytes(self) -> int:
@@ -54,6 +58,19 @@ class PackedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {self.dtype}"
+
+
+def _shared_or_clone(t: torch.Tensor, memo: dict) -> torch.Tensor:
+    return memo[id(t)] if id(t) in memo else t.clone()
+
+
+def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
+    """An nn.Linear holding these tensors (no copy)."""
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype, device=weight.device)
+    layer.weight.data = weight
+    if bias is not None:
+        layer.bias.data = bias
+    return layer
 
 
 def _rows_agree(layer: PackedLinear, gen: torch.Generator) -> bool:
@@ -85,10 +102,10 @@ def packing_works(dtype: torch.dtype = torch.float32) -> bool:
         return False
 
 
-def _linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
-    """(parent, attribute, layer) of every plain nn.Linear."""
+def layers_of(model: torch.nn.Module, kind: type) -> list[tuple[torch.nn.Module, str, Any]]:
+    """(parent, attribute, layer) of every submodule of exactly this type (not subclasses: int8 linears are Linears)."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if type(child) is torch.nn.Linear]
+            if type(child) is kind]
 
 
 def packing_enabled() -> bool:
@@ -115,7 +132,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     first = next(model.parameters(), None)
     if first is None or first.device.type != "cpu" or not packing_enabled() or not packing_works(first.dtype):
         return 0
-    layers = _linears(model)
+    layers = layers_of(model, torch.nn.Linear)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         by_shape = {child.weight.shape: child for _, _, child in layers}
@@ -132,15 +149,8 @@ def pack_linears(model: torch.nn.Module) -> int:
 
 def unpack_linears(model: torch.nn.Module) -> torch.nn.Module:
     """Turn a model's PackedLinears back into nn.Linears, in place (for tools that look for nn.Linear)."""
-    with torch.no_grad():
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, PackedLinear):
-                    layer = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, dtype=child.dtype)
-                    layer.weight.data = child.unpacked_weight()
-                    if child.bias is not None:
-                        layer.bias.data = child.bias
-                    setattr(parent, name, layer)
+    for parent, name, child in layers_of(model, PackedLinear):
+        setattr(parent, name, child.to_linear())
     return model
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 from specviz.models.base import PairError, _first_line
-from specviz.models.packed import PackedLinear, unpack_linears
+from specviz.models.packed import PackedLinear, layers_of, plain_linear
 
 Precision = Literal["fp32", "bf16", "int8"]
 TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8")
@@ -103,14 +103,9 @@ def _best_ms(fn, repeats: int = 5) -> float:
     return best
 
 
-def _int8_linear(weight: torch.Tensor) -> torch.nn.Module | None:
-    """A per-channel dynamic int8 copy of a linear layer with this weight, or None where torch lacks it."""
-    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    layer.weight.data = weight
-    try:
-        return quantize_int8(torch.nn.Sequential(layer))
-    except PairError:
-        return None
+def _int8_linear(layer: torch.nn.Linear) -> torch.nn.Module:
+    """A per-channel dynamic int8 copy of one linear layer (PairError where torch lacks int8)."""
+    return quantize_int8(torch.nn.Sequential(layer))[0]
 
 
 # Linears left in fp32 by int8 quantization. Dynamic int8 quantizes a layer's *input* too, with one scale for
@@ -177,11 +172,9 @@ def batch_variant_twin(model: torch.nn.Module) -> torch.nn.Module:
 
 def _quantize_packed(model: torch.nn.Module) -> None:
     """Give a copy's packed linears (models.packed) int8 modules from their weights, one at a time; FP32_LINEARS stay shared."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, PackedLinear) and name not in FP32_LINEARS:
-                plain = unpack_linears(torch.nn.Sequential(child))  # a new plain weight, the packed one stays shared
-                setattr(parent, name, quantize_int8(plain)[0])
+    for parent, name, child in layers_of(model, PackedLinear):
+        if name not in FP32_LINEARS:
+            setattr(parent, name, _int8_linear(child.to_linear()))  # a new plain weight; the packed one stays shared
 
 
 @functools.lru_cache(maxsize=8)
@@ -203,8 +196,11 @@ def probe(device: str = "cpu", shape: tuple[int, int] = (1536, 8960)) -> Probe:
         fp32_ms, bf16_ms = timed(x32, w32), timed(x16, w16)
         int8_ms = None
         if device == "cpu":
-            q = _int8_linear(w32)
-            int8_ms = _best_ms(lambda: q(x32)) if q is not None else None
+            try:
+                q = _int8_linear(plain_linear(w32))
+                int8_ms = _best_ms(lambda: q(x32))
+            except PairError:  # this torch has no int8 kernels here
+                pass
     native = torch.cuda.is_bf16_supported() if device == "cuda" else native_bf16()
     return Probe(device, bool(native), shape, fp32_ms, bf16_ms, int8_ms, _ram_bytes(device))
 
