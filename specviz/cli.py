@@ -17,7 +17,7 @@ from specviz.core import limits  # plain Python: every check runs before torch i
 PROG = "specviz"
 GAMMA_MIN, GAMMA_MAX = limits.GAMMA_RANGE
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
-TARGET_PRECISIONS = ("fp32", "bf16", "int8")  # = specviz.models.precision's (a test checks; importing it loads torch)
+TARGET_PRECISIONS = ("fp32", "fp16w", "bf16", "int8")  # = specviz.models.precision's (a test checks; importing it loads torch)
 DRAFT_PRECISIONS = ("int8", "bf16", "fp32")
 WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
 
@@ -64,8 +64,9 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
     """--target-precision and --draft-precision (default: chosen at load by a quick measurement)."""
     p.add_argument(
         "--target-precision", choices=TARGET_PRECISIONS, default=None,
-        help="precision of the target: fp32 keeps greedy output identical to the target alone; bf16 and int8 are "
-        "smaller (and faster with native bf16 / int8) but not bit-exact (default: fp32 where it fits in memory)",
+        help="precision of the target: fp32 and fp16w (fp16 weights, fp32 arithmetic; CPUs with fbgemm) keep greedy "
+        "output identical to the target alone; bf16 and int8 are smaller (and faster with native bf16 / int8) but not "
+        "bit-exact (default: fp16w where it works and is faster here, else fp32 where it fits in memory)",
     )
     p.add_argument(
         "--draft-precision", choices=DRAFT_PRECISIONS, default=None,

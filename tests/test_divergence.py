@@ -12,6 +12,7 @@ from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.models import PairError, load_pair
+from specviz.models import half
 from specviz.models.packed import PackedLinear
 from specviz.models.precision import FP32_LINEARS, batch_variant_twin
 
@@ -103,6 +104,19 @@ def test_the_int8_twin_shares_the_targets_other_tensors_and_leaves_it_untouched(
     assert len(dynamic) == len(covered) > 0  # every Linear int8 covers, in the twin only
     with pytest.raises(PairError, match="fp32 target on the CPU"):
         batch_variant_twin(copy.deepcopy(pair.target).to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not half.half_works(), reason="no fbgemm fp16 kernels here")
+def test_an_fp16w_target_gets_an_int8_twin_from_its_fp16_weights():
+    pair = load_pair("tiny-random", target_precision="fp16w")
+    twin = batch_variant_twin(pair.target)
+    halves = [name for name, m in pair.target.named_modules() if isinstance(m, half.HalfLinear)]
+    dynamic = [m for m in twin.modules() if "quantized.dynamic" in type(m).__module__]
+    assert halves and len(dynamic) == len([n for n in halves if n.rsplit(".", 1)[-1] not in FP32_LINEARS])
+    assert all(isinstance(m, half.HalfLinear) for name, m in pair.target.named_modules() if name in halves)  # untouched
+    ids = torch.tensor([list(b"abc")])
+    with torch.inference_mode():
+        assert twin(input_ids=ids).logits.shape == pair.target(input_ids=ids).logits.shape
 
 
 @pytest.mark.real

@@ -463,13 +463,18 @@ def test_qwen_coder_loads() -> None:
 from specviz.models import precision as prec  # noqa: E402
 
 
-def _probe(native: bool, fp32: float, bf16: float, int8: float | None, ram_gb: float, device: str = "cpu") -> prec.Probe:
-    return prec.Probe(device, native, (1536, 8960), fp32, bf16, int8, int(ram_gb * 1e9))
+def _probe(native: bool, fp32: float, bf16: float, int8: float | None, ram_gb: float, device: str = "cpu",
+           fp16w: float | None = None) -> prec.Probe:
+    return prec.Probe(device, native, (1536, 8960), fp32, bf16, int8, int(ram_gb * 1e9), fp16w)
 
 
 @pytest.mark.parametrize("probe, target, draft", [
-    # this machine: no avx512_bf16, 24 GB: fp32 target (promise), int8 draft
+    # no avx512_bf16, no fp16-weight kernels, 24 GB: fp32 target (promise), int8 draft
     (_probe(False, 2.3, 2.2, 1.0, 24), "fp32", "int8"),
+    # fp16 weights work and are faster (the AVX2 test machine: 4.2 vs 1.8 ms): fp16w, which keeps the promise too
+    (_probe(False, 4.2, 2.0, 0.5, 24, fp16w=1.8), "fp16w", "int8"),
+    # ... but slower than fp32 somewhere: fp32
+    (_probe(True, 2.3, 0.6, 1.0, 24, fp16w=2.5), "fp32", "bf16"),
     # native bf16 and clearly faster: the draft takes it, the target still keeps the promise
     (_probe(True, 2.34, 0.63, 1.0, 24), "fp32", "bf16"),
     # an 8 GB laptop cannot hold the fp32 pair: bf16 target (marked not bit-exact), whatever the speed
@@ -482,8 +487,13 @@ def test_default_precision_is_chosen_from_the_machine(monkeypatch, probe, target
     choice = prec.choose(probe.device, 7_100_000_000, 1_000_000_000)
     assert (choice.target, choice.draft) == (target, draft)
     assert choice.target_default and choice.draft_default
-    assert choice.bit_exact == (target == "fp32")
+    assert choice.bit_exact == (target in ("fp32", "fp16w"))
     assert ("no native bf16" in choice.reason) != probe.native_bf16  # the reason says what was measured
+
+
+def test_a_small_target_keeps_fp32_where_fp16w_would_be_faster(monkeypatch) -> None:
+    monkeypatch.setattr(prec, "probe", lambda device="cpu", shape=(1536, 8960): _probe(False, 4.2, 2.0, 0.5, 24, fp16w=1.8))
+    assert prec.choose("cpu", 540_000_000, 540_000_000).target == "fp32"  # SmolLM2-135M: overhead-bound, not weight-bound
 
 
 def test_explicit_precisions_win_and_bad_ones_are_refused(monkeypatch) -> None:
@@ -511,13 +521,17 @@ def test_cli_precision_choices_match_the_module() -> None:
     assert cli.TARGET_PRECISIONS == prec.TARGET_PRECISIONS and cli.DRAFT_PRECISIONS == prec.DRAFT_PRECISIONS
 
 
-@pytest.mark.parametrize("target", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("target", ["fp32", "fp16w", "bf16", "int8"])
 def test_target_precision_is_loaded_and_reported(target: str) -> None:
     pair = load_pair("tiny-random", target_precision=target)
-    assert pair.target_precision == target and pair.bit_exact == (target == "fp32")
+    assert pair.target_precision == target and pair.bit_exact == (target in ("fp32", "fp16w"))
     assert pair.precision_reason
     if target == "int8":
         assert isinstance(pair.target.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    elif target == "fp16w":
+        from specviz.models.half import HalfLinear
+
+        assert isinstance(pair.target.lm_head, HalfLinear) and "fp16 weights" in pair.precision_reason
     else:
         assert {p.dtype for p in pair.target.parameters()} == {prec.DTYPES[target]}
     assert logits(pair.target, list(b"abc")).shape == (1, 3, 257)

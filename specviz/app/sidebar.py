@@ -184,7 +184,9 @@ def precision_select(sb: Any, pair: str) -> None:
         return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
 
     sb.selectbox("Target precision", (AUTO, *models.TARGET_PRECISIONS), key=K + "precision", format_func=title,
-                 help="fp32 keeps speculative greedy output identical to the target alone. bf16 and int8 halve or "
+                 help="fp32 keeps speculative greedy output identical to the target alone, and so does fp16w: the "
+                 "weights stored in half precision (half the memory), every sum still in fp32, each token's row "
+                 "computed the same way in a verify pass as in a one-token step. bf16 and int8 halve or "
                  "quarter the memory (and are faster on CPUs with bf16 / int8 instructions), but a verify pass and "
                  "a one-token step then round differently, so where the target's two best tokens are nearly tied "
                  "the two runs can pick differently: not bit-exact here.")

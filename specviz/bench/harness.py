@@ -112,7 +112,7 @@ class BenchConfig:
     out_dir: Path  # where bench-<pair>.{csv,md,html} go
     device: str | None = None  # "cpu" or "cuda"; None = models.load_pair's choice
     draft_precision: str | None = None  # "int8", "bf16" or "fp32"; None = measured at load (models.precision)
-    target_precision: str | None = None  # "fp32", "bf16" or "int8"; None = fp32 where it fits (keeps identity)
+    target_precision: str | None = None  # "fp32", "fp16w", "bf16" or "int8"; None = chosen at load (keeps identity)
     quick: bool = False
     command: str = ""  # the command line, for the report header
     temperature: float = SAMPLE_TEMPERATURE

@@ -7,6 +7,7 @@ import gc
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from specviz.models.half import empty_half_linears
 from specviz.models.base import PairError, LoadProgress, _model_device, _no_progress, _oom_as_pair_error, _span
 
 try:  # advisory file locks keep two processes (app + tests) from building one cache at once
@@ -156,6 +158,7 @@ def _load_gguf_pair(
     target_dtype: torch.dtype = torch.float32,
     draft_dtype: torch.dtype = torch.float32,
     finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
+    target_half: bool = False,
 ) -> tuple[Any, nn.Module, nn.Module]:
     """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes.
 
@@ -168,7 +171,7 @@ def _load_gguf_pair(
     draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype))  # its own copy: safe to quantize
     report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
-    target = _load_cached_model(target_dir, target_src.title, target_dtype)
+    target = _load_cached_model(target_dir, target_src.title, target_dtype, half=target_half)
     return tokenizer, target, draft
 
 
@@ -392,13 +395,17 @@ def _load_cached_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
 
 
-def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32, half: bool = False) -> nn.Module:
     """A causal LM in `dtype` from a local safetensors folder (no network, no remote code).
 
     The model is built empty and each tensor is read from the file with plain reads, cast, and put
     in place, so the peak memory is the model in `dtype` plus one tensor: no fp32 copy of a bf16
     model, and no memory-mapped file pages counted on top (from_pretrained maps the file, and
-    copying out of the mapping held both: 14 GB at the peak for the fp32 1.5B target).
+    copying out of the mapping held both: 14 GB at the peak for the fp32 1.5B target). With `half`,
+    every linear is an fp16-weight HalfLinear filled as its weight is read (models.half): the fp32
+    matrices are never all in memory at once. An fp32 model's input embedding is the one tensor
+    that is mapped, not read: a step looks up one row of it, so only the rows used are ever in
+    memory (Qwen 1.5B: 0.93 GB of embedding otherwise).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -406,40 +413,64 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+        sinks = empty_half_linears(model) if half else {}
         model.to_empty(device="cpu")  # storage without values: every tensor is filled below
-        missing = _read_weights(folder / "model.safetensors", model)
+        mapped = {_param_name(model, model.get_input_embeddings().weight)} if dtype == torch.float32 else set()
+        missing = _read_weights(folder / "model.safetensors", model, sinks, mapped)
         _rebuild_buffers(model, config)
         if missing - _not_in_file(model, config):
             raise PairError(f"{title}: the cache lacks {sorted(missing)[:3]}; delete {folder} to rebuild it")
-        model.tie_weights()
+        head = sinks.get("lm_head.weight")
+        if head is not None and "lm_head.weight" in missing:  # a tied head: its own fp16 copy of the embedding
+            head.load(model.get_input_embeddings().weight)
+        elif not half:
+            model.tie_weights()
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_dict(json.loads((folder / "generation_config.json").read_text()))
     return model.eval()
 
 
-def _read_weights(path: Path, model: nn.Module) -> set[str]:
-    """Fill the model's parameters and persistent buffers from a safetensors file, one tensor at a time; returns the names it lacked."""
+def _param_name(model: nn.Module, param: torch.Tensor) -> str:
+    return next(name for name, p in model.named_parameters(remove_duplicate=False) if p is param)
+
+
+def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset()) -> set[str]:
+    """Fill the model's parameters and persistent buffers from a safetensors file, one tensor at a time; returns the names it lacked.
+
+    A name in `sinks` goes to that layer's `load(tensor)` instead (the fp16-weight linears of models.half);
+    a name in `mapped` becomes a copy-on-write map of the file (pages read when first touched).
+    """
     import numpy as np
 
+    sinks = sinks or {}
     targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
     with open(path, "rb") as fh:
         header_len = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(header_len))
         start = 8 + header_len
         for name, entry in header.items():
-            if name == "__metadata__" or name not in targets:
+            if name == "__metadata__" or (name not in targets and name not in sinks):
                 continue
             if entry["dtype"] != "F32":
                 raise PairError(f"unexpected {entry['dtype']} tensor {name} in {path}: the cache is fp32")
             begin, end = entry["data_offsets"]
-            raw = torch.empty(entry["shape"], dtype=torch.float32)  # one fp32 tensor at a time
+            shape = tuple(entry["shape"])
+            if end - begin != math.prod(shape) * 4:
+                raise PairError(f"{path}: tensor {name} has the wrong size; delete the cache folder to rebuild it")
+            if name in mapped:
+                view = np.memmap(path, dtype=np.float32, mode="c", offset=start + begin, shape=shape)
+                targets[name].data = torch.from_numpy(view)  # the array keeps the mapping open as long as the model lives
+                continue
+            raw = torch.empty(shape, dtype=torch.float32)  # one fp32 tensor at a time
             fh.seek(start + begin)
             fh.readinto(memoryview(raw.numpy().view(np.uint8).reshape(-1)))
-            if end - begin != raw.numel() * 4:
-                raise PairError(f"{path}: tensor {name} has the wrong size; delete the cache folder to rebuild it")
             with torch.no_grad():
-                targets[name].copy_(raw)  # casts to the model's dtype in place
-    return {n for n in targets if n not in header}
+                if name in sinks:
+                    sinks[name].load(raw)
+                else:
+                    targets[name].copy_(raw)  # casts to the model's dtype in place
+            del raw
+    return {n for n in [*targets, *sinks] if n not in header}
 
 
 def _not_in_file(model: nn.Module, config: Any) -> set[str]:
@@ -447,6 +478,7 @@ def _not_in_file(model: nn.Module, config: Any) -> set[str]:
     names = {n for n, _ in model.named_buffers() if n.endswith("inv_freq")}
     if getattr(config, "tie_word_embeddings", False):
         names |= {n for n, _ in model.named_parameters(remove_duplicate=False) if n.startswith("lm_head.")}
+        names |= {f"{n}.weight" for n, m in model.named_modules() if m is model.get_output_embeddings()}  # an fp16w head
     return names
 
 

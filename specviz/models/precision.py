@@ -5,9 +5,11 @@ That needs the target's arithmetic to give each position the same logits whether
 scored alone (a target-only step) or among the k+1 rows of a verify pass. fp32 keeps this in
 practice (row differences ~1e-6); bf16, fp16 and dynamic int8 do not: their per-row results depend
 on the pass shape (bf16 up to 2e-4, and int8 computes one activation scale for the whole pass), so
-where the target's top two tokens are that close the two runs pick differently. So the *target*
-default is fp32 whenever it fits in memory, and the draft (whose precision never touches the
-promise) gets whatever is measured fastest here.
+where the target's top two tokens are that close the two runs pick differently. fp16 *weights* with
+fp32 arithmetic (models.half) keep it: each row is computed alone, padded to row counts measured to
+agree. So the *target* default on a CPU is fp16w where its kernels work and run faster than fp32
+(half the memory), else fp32 where it fits; the draft (whose precision never touches the promise)
+gets whatever is measured fastest here.
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ from typing import Literal
 
 import torch
 
+from specviz.models import half
 from specviz.models.base import PairError, _first_line
 from specviz.models.packed import PackedLinear, layers_of, plain_linear
 
-Precision = Literal["fp32", "bf16", "int8"]
-TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "int8")
+Precision = Literal["fp32", "fp16w", "bf16", "int8"]
+# fp16w: fp16 weights in the linears, fp32 arithmetic everywhere (models.half; CPUs with fbgemm only)
+TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "fp16w", "bf16", "int8")
 DRAFT_PRECISIONS: tuple[str, ...] = ("int8", "bf16", "fp32")
-BIT_EXACT: frozenset[str] = frozenset({"fp32"})  # target precisions whose greedy output keeps the promise here
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
-# bytes per weight: int8 quantizes nn.Linear only; the embedding stays fp32 (see weight_bytes)
-_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}
+BIT_EXACT: frozenset[str] = frozenset({"fp32", "fp16w"})  # target precisions whose greedy output keeps the promise here
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16w": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
+# bytes per weight: int8 and fp16w change nn.Linear only; the embedding stays fp32 (see weight_bytes)
+_BYTES = {"fp32": 4.0, "fp16w": 2.0, "bf16": 2.0, "int8": 1.0}
 _CLEAR_WIN = 0.8  # bf16 must beat the alternative by this factor: one noisy probe on a shared CPU must not flip the choice
 _FIT_SHARE = 0.6  # the fp32 pair must fit in this share of the machine's RAM (the OS, the app and the KV caches need the rest)
+# fp16w is the default only for targets at least this big in fp32: a step of a small target (SmolLM2-135M: 0.5 GB)
+# is bound by per-layer overhead, not by reading weights, so halving them buys little and changes its numbers
+_HALF_FROM = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Probe:
     bf16_ms: float
     int8_ms: float | None  # per-channel dynamic int8 (CPU only; None on CUDA)
     ram_bytes: int  # total memory of the machine (or of the GPU)
+    fp16w_ms: float | None = None  # fp16 weights, fp32 arithmetic (models.half; None where it does not work)
 
     @property
     def bf16_speedup(self) -> float:
@@ -103,6 +111,16 @@ def _best_ms(fn, repeats: int = 5) -> float:
     return best
 
 
+def _best_ms_interleaved(a, b, repeats: int = 7) -> tuple[float, float]:
+    """Best wall times of `a()` and `b()` in ms, timed turn about, so that a busy CPU slows both alike."""
+    a(), b()
+    best_a = best_b = float("inf")
+    for _ in range(repeats):
+        best_a = min(best_a, _best_ms(a, 1))
+        best_b = min(best_b, _best_ms(b, 1))
+    return best_a, best_b
+
+
 def _int8_linear(layer: torch.nn.Linear) -> torch.nn.Module:
     """A per-channel dynamic int8 copy of one linear layer (PairError where torch lacks int8)."""
     return quantize_int8(torch.nn.Sequential(layer))[0]
@@ -145,7 +163,7 @@ _TWINS_LOCK = threading.Lock()
 
 
 def batch_variant_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """An int8-dynamic twin of an fp32 CPU model, for the lesson "the promise needs the same arithmetic".
+    """An int8-dynamic twin of an fp32 or fp16w CPU model, for the lesson "the promise needs the same arithmetic".
 
     Dynamic int8 picks one activation scale for the whole pass, so a token's logits depend on the
     other tokens scored with it: a verify pass and a one-token step no longer agree. The twin shares
@@ -171,8 +189,9 @@ def batch_variant_twin(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _quantize_packed(model: torch.nn.Module) -> None:
-    """Give a copy's packed linears (models.packed) int8 modules from their weights, one at a time; FP32_LINEARS stay shared."""
-    for parent, name, child in layers_of(model, PackedLinear):
+    """Give a copy's packed and fp16-weight linears (models.packed, models.half) int8 modules from their weights, one at
+    a time; FP32_LINEARS stay shared."""
+    for parent, name, child in [*layers_of(model, PackedLinear), *layers_of(model, half.HalfLinear)]:
         if name not in FP32_LINEARS:
             setattr(parent, name, _int8_linear(child.to_linear()))  # a new plain weight; the packed one stays shared
 
@@ -194,7 +213,11 @@ def probe(device: str = "cpu", shape: tuple[int, int] = (1536, 8960)) -> Probe:
 
     with torch.no_grad():  # not inference_mode: quantize_dynamic needs version counters
         fp32_ms, bf16_ms = timed(x32, w32), timed(x16, w16)
-        int8_ms = None
+        int8_ms = fp16w_ms = None
+        if device == "cpu" and half.half_works():
+            layer = half.HalfLinear(w32, None)
+            # against fp32 turn about: the default target depends on this comparison, so a busy CPU must not flip it
+            fp32_ms, fp16w_ms = _best_ms_interleaved(lambda: torch.nn.functional.linear(x32, w32), lambda: layer(x32))
         if device == "cpu":
             try:
                 q = _int8_linear(plain_linear(w32))
@@ -202,13 +225,13 @@ def probe(device: str = "cpu", shape: tuple[int, int] = (1536, 8960)) -> Probe:
             except PairError:  # this torch has no int8 kernels here
                 pass
     native = torch.cuda.is_bf16_supported() if device == "cuda" else native_bf16()
-    return Probe(device, bool(native), shape, fp32_ms, bf16_ms, int8_ms, _ram_bytes(device))
+    return Probe(device, bool(native), shape, fp32_ms, bf16_ms, int8_ms, _ram_bytes(device), fp16w_ms)
 
 
 def weight_bytes(params: int, embed_params: int, precision: str) -> int:
-    """Bytes of a model's weights in a precision (int8 keeps the input embedding in fp32)."""
-    if precision == "int8":
-        return int((params - embed_params) * _BYTES["int8"] + embed_params * _BYTES["fp32"])
+    """Bytes of a model's weights in a precision (int8 and fp16w keep the input embedding in fp32)."""
+    if precision in ("int8", "fp16w"):
+        return int((params - embed_params) * _BYTES[precision] + embed_params * _BYTES["fp32"])
     return int(params * _BYTES[precision])
 
 
@@ -220,11 +243,12 @@ def choose(
     draft: str | None = None,
     draft_fallback: str = "int8",
 ) -> PrecisionChoice:
-    """Fill in the precisions not asked for: the target keeps the promise (fp32) where it fits, the draft runs fastest.
+    """Fill in the precisions not asked for: the target keeps the promise where it can, the draft runs fastest.
 
-    Target: fp32 when the fp32 pair fits in 60 % of the memory, else bf16 (marked not bit-exact). The
-    speed measurement does not change the target: bf16 is faster only with native bf16 instructions,
-    and even there it breaks the promise (see the module docstring); it stays one click away.
+    Target: on a CPU, fp16w (fp16 weights, fp32 arithmetic: bit-exact, half the memory) for a target
+    of 1 GB or more in fp32 where its kernels work here and a measured row runs faster than fp32; else fp32 when the fp32 pair fits in
+    60 % of the memory, else bf16 (marked not bit-exact). bf16 is faster only with native bf16
+    instructions, and even there it breaks the promise (see the module docstring); it stays one click away.
     Draft: on CUDA half precision; on a CPU the faster of int8 (per channel) and bf16 as measured,
     or `draft_fallback` where the pair asks for fp32 (models whose layers int8 cannot cover).
     """
@@ -234,11 +258,15 @@ def choose(
     why: list[str] = []
     chosen_target = target
     if chosen_target is None:
-        chosen_target = "fp32" if fits else "bf16"
-        why.append(
-            "target fp32: keeps greedy output identical" if fits else
-            f"target bf16: the fp32 pair needs {_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}"
-        )
+        if pr.fp16w_ms is not None and pr.fp16w_ms < pr.fp32_ms and target_fp32_bytes >= _HALF_FROM:
+            chosen_target = "fp16w"
+            why.append("target fp16w: half the memory, faster here, and greedy output stays identical")
+        else:
+            chosen_target = "fp32" if fits else "bf16"
+            why.append(
+                "target fp32: keeps greedy output identical" if fits else
+                f"target bf16: the fp32 pair needs {_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}"
+            )
     chosen_draft = draft
     if chosen_draft is None:
         chosen_draft = _fastest_draft(pr, draft_fallback)
@@ -247,6 +275,7 @@ def choose(
                    "int8 unless native bf16 is clearly faster"))
     native = "native bf16" if pr.native_bf16 else "no native bf16 (emulated)"
     int8 = f", int8 {pr.int8_ms:.2f} ms" if pr.int8_ms is not None else ""
+    int8 += f", fp16w {pr.fp16w_ms:.2f} ms" if pr.fp16w_ms is not None else ", no fp16w kernels"
     measured = f"{device}, {native}; one {pr.shape[0]}×{pr.shape[1]} row: fp32 {pr.fp32_ms:.2f} ms, bf16 {pr.bf16_ms:.2f} ms{int8}"
     return PrecisionChoice(chosen_target, chosen_draft, target is None, draft is None, "; ".join([*why, measured]))
 
@@ -276,4 +305,6 @@ def _gb(n: int) -> str:
 
 def describe(precision: str) -> str:
     """The label of a target precision in a select box: whether it keeps the promise here."""
+    if precision == "fp16w":
+        return "fp16w (fp16 weights, fp32 arithmetic)" if half.half_works() else "fp16w (unavailable here)"
     return precision if precision in BIT_EXACT else f"{precision} (not bit-exact here)"

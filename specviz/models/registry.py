@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specviz.models import packed
+from specviz.models import half, packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.fit import check_fit
@@ -40,13 +42,13 @@ class LoadedPair:
 
     spec: PairSpec
     tokenizer: Any  # transformers PreTrainedTokenizerFast, shared by both models
-    target: torch.nn.Module  # HF causal LM, eval mode, fp32 / bf16 / int8 (dynamically quantized, CPU only)
+    target: torch.nn.Module  # HF causal LM, eval mode, fp32 / fp16w (fp16 weights, CPU) / bf16 / int8 (dynamically quantized, CPU only)
     draft: torch.nn.Module  # HF causal LM, eval mode, same choices
     device: torch.device
     eos_ids: tuple[int, ...]  # every id that ends a generation, primary eos first
     context_length: int  # positions both models accept (target's max_position_embeddings)
     draft_precision: str  # "int8", "bf16" or "fp32": what was actually loaded
-    target_precision: str = "fp32"  # likewise for the target; only fp32 keeps greedy output bit-exact here
+    target_precision: str = "fp32"  # likewise for the target; fp32 and fp16w keep greedy output bit-exact here
     precision_reason: str = ""  # one line: what was measured and why these precisions (see models.precision)
     weight_bytes: int = 0  # bytes of both models' weights as loaded (the memory cost shown in the app)
 
@@ -160,16 +162,27 @@ def load_pair(
     report = progress or _no_progress
     dev = _resolve_device(device)
     choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
-    def finish_draft(model: nn.Module) -> nn.Module:
-        return _set_precision(model, choice.draft, "draft", report)
+    if choice.target == "fp16w" and (dev.type != "cpu" or not half.half_works()):
+        raise PairError("fp16w (fp16 weights, fp32 arithmetic) needs torch's fbgemm fp16 kernels on a CPU, "
+                        "and they are missing or not row-invariant here: use fp32")
 
-    with torch.no_grad():  # loading needs no autograd graph (no inference tensors: callers may use them freely)
+    def finish_draft(model: nn.Module) -> nn.Module:
+        model = _set_precision(model, choice.draft, "draft", report)
+        if choice.target == "fp16w" and choice.draft == "int8":
+            # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
+            # fp32 arithmetic still, so only the draft's guesses can change, never the output
+            half.half_linears(model)
+        _return_freed_memory()  # the fp32 draft's pages go back before the target arrives
+        return model
+
+    with torch.no_grad(), _big_blocks_mapped():  # no autograd graph (callers may use the tensors freely)
         if name == "tiny-random":
             tokenizer, target, draft = _build_tiny_random()
             draft = finish_draft(draft)
         elif name in _PAIR_SOURCES:  # finishes the draft before the target loads (lower peak memory)
             tokenizer, target, draft = _load_gguf_pair(
-                *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft], finish_draft
+                *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft], finish_draft,
+                target_half=choice.target == "fp16w",
             )
         else:
             tokenizer, target, draft = _load_hf_pair(*_parse_hf(name), report)
@@ -178,9 +191,12 @@ def load_pair(
         target = _set_precision(target, choice.target, "target", report)
         target, draft = _to_device(target, dev), _to_device(draft, dev)
         kernels = ""
+        if choice.target == "fp16w":
+            kernels = half.describe(sum(isinstance(m, half.HalfLinear) for m in target.modules()))
         if dev.type == "cpu":
             report(0.97, "packing the weights for fast verify passes")
-            kernels = packed.describe(packed.pack_linears(target))
+            if choice.target != "fp16w":
+                kernels = packed.describe(packed.pack_linears(target))
             if choice.draft != "int8":
                 # not an int8 draft's fp32 down projections: its activation scales turn their last-bit
                 # changes into logit changes of several units (SmolLM2: Σmin(p, q) 0.75 -> 0.69)
@@ -209,8 +225,8 @@ def choose_precisions(
     spec = get_spec(name)
     name, ref_precision = split_ref(name)
     target = target or ref_precision
-    if device == "cuda" and target == "int8":
-        raise PairError("int8 dynamic quantization runs on CPU only: use fp32 or bf16 on CUDA")
+    if device == "cuda" and target in ("int8", "fp16w"):
+        raise PairError(f"{target} runs on CPU only (torch's fbgemm kernels): use fp32 or bf16 on CUDA")
     if device == "cuda" and draft == "int8":
         draft = None  # as before: a CUDA draft gets the device's own choice (half precision)
     t_params, t_embed, d_params, d_embed = _PARAMS.get(name, (0, 0, 0, 0))
@@ -267,11 +283,34 @@ def _set_precision(model: nn.Module, precision: str, role: str, report: LoadProg
     if precision == "int8":
         report(0.96, f"quantizing the {role} to int8 (per channel)")
         return prec.quantize_int8(model)
+    if precision == "fp16w" and packed.layers_of(model, nn.Linear):  # a streamed GGUF load arrives converted
+        report(0.96, f"storing the {role}'s weights in fp16")
+        half.half_linears(model)
+        return model
     dtype = prec.DTYPES[precision]
     if next(model.parameters()).dtype != dtype:  # hub and tiny models arrive in fp32
         report(0.96, f"converting the {role} to {precision}")
         model = model.to(dtype)
     return model
+
+
+@contextlib.contextmanager
+def _big_blocks_mapped() -> Iterator[None]:
+    """While loading, every allocation of 1 MiB or more gets its own mapping (glibc only), so a freed read buffer goes
+    back to the system at once instead of staying in the heap: the load's peak stays near what it keeps."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+    except (OSError, AttributeError):  # not glibc
+        yield
+        return
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, 1 << 20)
+    try:
+        yield
+    finally:
+        libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own ceiling for its adaptive threshold on 64-bit
 
 
 def _return_freed_memory() -> None:
@@ -292,7 +331,7 @@ def _model_bytes(model: nn.Module) -> int:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-    return total + packed.packed_bytes(model)
+    return total + packed.packed_bytes(model) + half.half_bytes(model)
 
 
 def _packed_weights(model: nn.Module) -> list[torch.Tensor]:

@@ -1,0 +1,160 @@
+"""fp16 weights with fp32 arithmetic on a CPU: half the target's memory and a faster step, with each row the same bits at any pass size.
+
+Why: a step of a 1.5B target on a CPU is bound by reading its weights, so storing them in half
+precision halves both its memory and most of its time. fbgemm (torch's `quantized.linear_dynamic_fp16`)
+keeps the weights in fp16 and widens them to fp32 inside the kernel: the activations, the sums and
+everything outside the linears stay fp32. Unlike bf16 or dynamic int8 arithmetic, each row is then
+computed independently of the others, except that fbgemm handles some row counts with differently
+built kernels (on the CPUs measured here 1, 2, 7, 14, 31, 32, ... rows give other last bits). So each
+call is padded with zero rows to the next row count measured to agree (`padded_rows`): a one-token
+step and a verify pass then give a token the same logits, and the promise that greedy speculative
+output equals the target's own holds. Where the kernel is missing or no row count agrees, the
+precision is refused (`half_works`), never used silently.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+
+import torch
+
+_PROBE_MAX_ROWS = 512  # every pass a step, a chain, a tree or a prompt of up to 512 tokens makes is padded to agree
+_PIECE = 32 << 20  # weights split into row blocks of at most this many values: the fp32 copy prepacking needs stays small
+
+
+def _prepack(weight: torch.Tensor) -> object:
+    return torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
+
+
+def _run(x: torch.Tensor, packed: object) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic_fp16(x, packed)
+
+
+@functools.lru_cache(maxsize=1)
+def agreeing_rows() -> tuple[int, ...]:
+    """Row counts (1.._PROBE_MAX_ROWS) that give every row the bits it gets in passes of 4 rows (empty: kernel missing or wrong)."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=gen)
+    x = torch.randn(_PROBE_MAX_ROWS, 64, generator=gen)
+    try:
+        with torch.no_grad():
+            packed = _prepack(weight)
+            # the reference: passes of 4 rows (a chain's verify pass). Where 4 were built by odd kernels on some
+            # CPU, few counts agree with it and the precision is refused: a wrong claim is worse than none
+            reference = torch.cat([_run(x[i : i + 4], packed) for i in range(0, _PROBE_MAX_ROWS, 4)])
+            if not torch.allclose(reference, x @ weight.half().float().T, rtol=1e-4, atol=1e-4):
+                return ()
+            # a count agrees where the first and the last m rows both do
+            return tuple(m for m in range(1, _PROBE_MAX_ROWS + 1)
+                         if all(torch.equal(_run(x[s : s + m], packed), reference[s : s + m]) for s in (0, _PROBE_MAX_ROWS - m)))
+    except (RuntimeError, NotImplementedError, AttributeError):  # torch without fbgemm (not x86) or no fp16 kernel
+        return ()
+
+
+def half_works() -> bool:
+    """Whether fp16-weight linears run here and some small row counts agree (so padding keeps rows invariant)."""
+    good = agreeing_rows()
+    return bool(good) and good[0] <= 8
+
+
+def padded_rows(n: int) -> int:
+    """The smallest agreeing row count >= n (n itself beyond the probed range: a long prompt's prefill)."""
+    good = agreeing_rows()
+    i = bisect.bisect_left(good, n)
+    return good[i] if i < len(good) else n
+
+
+class HalfLinear(torch.nn.Module):
+    """An nn.Linear whose weight is held in fp16 by fbgemm; input, bias and output stay fp32, rows padded to agree."""
+
+    def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0, out_features: int = 0) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape if weight is not None else (out_features, in_features)
+        self.bias = bias  # the model's own parameter: filled by a streaming load, shared with nothing else
+        self.pieces: list[object] = []
+        if weight is not None:
+            self.load(weight)
+
+    def load(self, weight: torch.Tensor) -> None:
+        """Pack a weight (any float dtype), row block by row block."""
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight {tuple(weight.shape)} does not fit a {self.in_features}->{self.out_features} layer")
+        step = max(1, _PIECE // self.in_features)
+        self.pieces = [_prepack(weight[i : i + step]) for i in range(0, self.out_features, step)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        n = rows.shape[0]
+        m = padded_rows(n)
+        if m > n:  # zero rows: only so that fbgemm builds these rows with the same kernels as any other pass
+            rows = torch.cat([rows, rows.new_zeros(m - n, self.in_features)])
+        outs = [_run(rows, p) for p in self.pieces]
+        y = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))[:n]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def unpacked_weight(self) -> torch.Tensor:
+        """The weight in fp32 (a new tensor, fp16-exact values): for copies such as the int8 twin."""
+        return torch.cat([torch.ops.quantized.linear_unpack_fp16(p)[0] for p in self.pieces])
+
+    def to_linear(self) -> torch.nn.Linear:
+        from specviz.models.packed import plain_linear
+
+        return plain_linear(self.unpacked_weight(), None if self.bias is None else self.bias.data)
+
+    def __deepcopy__(self, memo: dict) -> "HalfLinear":
+        """A copy sharing the packed pieces (read-only) and what `memo` maps; the bias is copied unless shared."""
+        new = HalfLinear(None, None, self.in_features, self.out_features)
+        memo[id(self)] = new
+        new.pieces = self.pieces
+        if self.bias is not None:
+            shared = memo.get(id(self.bias))
+            new.bias = shared if shared is not None else torch.nn.Parameter(self.bias.detach().clone(), requires_grad=False)
+        return new
+
+    def nbytes(self) -> int:
+        return self.out_features * self.in_features * 2
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp16 weights"
+
+
+def half_linears(model: torch.nn.Module) -> int:
+    """Replace every nn.Linear of a CPU fp32 model by a HalfLinear, one at a time (peak: one extra matrix); returns how many."""
+    from specviz.models.packed import layers_of
+
+    layers = layers_of(model, torch.nn.Linear)
+    with torch.no_grad():
+        n = len(layers)
+        while layers:  # popped, so each fp32 weight is released as soon as its fp16 copy is in place
+            parent, name, child = layers.pop(0)
+            setattr(parent, name, HalfLinear(child.weight, child.bias))
+            del child
+    return n
+
+
+def empty_half_linears(model: torch.nn.Module) -> dict[str, HalfLinear]:
+    """Swap every nn.Linear of a model (on the meta device) for an unfilled HalfLinear; {weight name: layer} to fill."""
+    from specviz.models.packed import layers_of
+
+    names = {id(mod): name for name, mod in model.named_modules()}
+    sinks: dict[str, HalfLinear] = {}
+    for parent, attr, child in layers_of(model, torch.nn.Linear):
+        layer = HalfLinear(None, child.bias, child.in_features, child.out_features)
+        setattr(parent, attr, layer)
+        sinks[f"{names[id(child)]}.weight"] = layer
+    return sinks
+
+
+def half_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the fp16 weights (held by fbgemm: neither parameters nor buffers)."""
+    return sum(m.nbytes() for m in model.modules() if isinstance(m, HalfLinear))
+
+
+def describe(n: int) -> str:
+    """One line for the precision note: the target's kernels and the row counts they pad to."""
+    good = agreeing_rows()
+    return (f"target linears in fp16 weights with fp32 arithmetic ({n}; fbgemm; passes padded to row counts that "
+            f"agree here, e.g. 1 row -> {padded_rows(1)})") if good else "fp16-weight kernels unavailable here"
