@@ -99,9 +99,9 @@ def test_a_streamed_fp16w_load_equals_converting_a_loaded_fp32_model() -> None:
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen_fp16w_keeps_the_promise_in_half_the_memory() -> None:
-    """The default pair's CLI run with its baseline, in a fresh process: identical text; peak RSS (loading included)
-    at most 4.9 GB, half of the fp32 pair's (9.4-10.2 GB; measured 4.70 GB here: the issue's 4.5 GB is not reached)."""
+def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb() -> None:
+    """The default pair's CLI run with its baseline, in a fresh process: identical text; peak RSS, loading included,
+    at most 4.5 GB (10^9 bytes; measured 4.35 GB on the 2-core test machine, the fp32 pair 11.9 GB)."""
     script = (
         "import json, resource, subprocess, sys\n"
         "out = subprocess.run([sys.executable, '-m', 'specviz', 'generate', '--pair', 'qwen-coder', '--target-precision',"
@@ -115,4 +115,4 @@ def test_qwen_fp16w_keeps_the_promise_in_half_the_memory() -> None:
     res = json.loads(done["res"])
     assert res["target_precision"] == "fp16w" and res["bit_exact"] is True
     assert res["identical_to_baseline"] is True and len(res["tokens"]) == 32
-    assert done["peak"] <= 4.9e9, f"peak RSS {done['peak'] / 1e9:.2f} GB"
+    assert done["peak"] <= 4.5e9, f"peak RSS {done['peak'] / 1e9:.2f} GB"

@@ -146,7 +146,11 @@ def sidebar_settings() -> Settings:
 @functools.lru_cache(maxsize=1)
 def start_pair() -> model_fit.StartPair:
     """The pair a visitor starts on: the default where it fits this machine's memory, else the light pair (once per server)."""
-    return model_fit.start_pair(models.DEFAULT_PAIR)
+    try:
+        precision = models.choose_precisions(models.DEFAULT_PAIR).target  # a quick cached probe: the fp16w peak is half
+    except models.PairError:
+        precision = None
+    return model_fit.start_pair(models.DEFAULT_PAIR, precision=precision)
 
 
 def _hold_to(rules: Policy) -> None:

@@ -25,12 +25,14 @@ FP32 = 4  # bytes per weight: every model is loaded in fp32 (the int8 draft is q
 # Measured on this project's 2-core CPU machine on 2026-12-01 with
 #   python -c "import resource; from specviz.models import load_pair; load_pair('NAME');
 #              print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, 'MB')"
-# which printed 385 MB (tiny-random: almost all of it the imports), 1940 MB and 11312 MB.
+# which printed 385 MB (tiny-random: almost all of it the imports), 1940 MB and 11312 MB (fp32 target); with the
+# fp16w target (load_pair('qwen-coder', target_precision='fp16w'), the default where it is faster) 4146 MB.
 BASE_MB = 385
 MEASURED_PEAK: dict[str, int] = {
     "tiny-random": 64 << 20,
     "smollm2-135m": (1940 - BASE_MB) << 20,
     "qwen-coder": (11312 - BASE_MB) << 20,  # 10263 MB resident once loaded (the draft quantized to int8)
+    "qwen-coder@fp16w": (4146 - BASE_MB) << 20,  # fp16 weights streamed in, embeddings mapped from the cache
 }
 LOAD_FACTOR = 1.25  # peak ÷ fp32 weights while from_pretrained reads a folder (buffers, the tied head)
 RUNTIME = GIB // 2  # Python, torch, tokenizer and a KV cache for a short demo run
@@ -126,9 +128,11 @@ def hub_need(repo_id: str) -> Need | None:
 # ------------------------------------------------------------------------------------------
 
 
-def estimate(name: str) -> Need | None:
-    """A pair's peak load memory (None when it cannot be told without loading)."""
-    if name in MEASURED_PEAK:
+def estimate(name: str, precision: str | None = None) -> Need | None:
+    """A pair's peak load memory with this target precision (None when it cannot be told without loading)."""
+    if f"{name}@{precision}" in MEASURED_PEAK:
+        return Need(MEASURED_PEAK[f"{name}@{precision}"], "measured")
+    if name in MEASURED_PEAK:  # the fp32 figure: an upper bound for the smaller precisions
         return Need(MEASURED_PEAK[name], "measured")
     if not name.startswith("hf:"):
         return None
@@ -152,9 +156,9 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def check_fit(name: str, available: Callable[[], int] = available_bytes) -> Need | None:
+def check_fit(name: str, available: Callable[[], int] = available_bytes, precision: str | None = None) -> Need | None:
     """Refuse (DoesNotFit, one line, no path) a pair that cannot fit in the free memory; else its estimate."""
-    need = estimate(name)
+    need = estimate(name, precision)
     if need is None:
         log.info("pair %s: memory not estimated before loading", name)
         return None
@@ -189,9 +193,11 @@ class StartPair:
     note: str | None
 
 
-def start_pair(preferred: str, total: Callable[[], int] | None = None, light: str = LIGHT_PAIR) -> StartPair:
-    """`preferred` where its measured load peak fits in 80 % of this machine's memory, else the light pair, with why."""
-    need = estimate(preferred)
+def start_pair(preferred: str, total: Callable[[], int] | None = None, light: str = LIGHT_PAIR,
+               precision: str | None = None) -> StartPair:
+    """`preferred` where its measured load peak (with this target precision) fits in 80 % of this machine's memory,
+    else the light pair, with why."""
+    need = estimate(preferred, precision)
     have = (total or total_bytes)()
     if need is None or need.bytes <= DEFAULT_SHARE * have or preferred == light:
         return StartPair(preferred, None)

@@ -246,7 +246,8 @@ def choose(
     """Fill in the precisions not asked for: the target keeps the promise where it can, the draft runs fastest.
 
     Target: on a CPU, fp16w (fp16 weights, fp32 arithmetic: bit-exact, half the memory) for a target
-    of 1 GB or more in fp32 where its kernels work here and a measured row runs faster than fp32; else fp32 when the fp32 pair fits in
+    of 1 GB or more in fp32 where its kernels work here and a measured row runs faster than fp32 (or the fp32
+    pair does not fit); else fp32 when the fp32 pair fits in
     60 % of the memory, else bf16 (marked not bit-exact). bf16 is faster only with native bf16
     instructions, and even there it breaks the promise (see the module docstring); it stays one click away.
     Draft: on CUDA half precision; on a CPU the faster of int8 (per channel) and bf16 as measured,
@@ -258,9 +259,11 @@ def choose(
     why: list[str] = []
     chosen_target = target
     if chosen_target is None:
-        if pr.fp16w_ms is not None and pr.fp16w_ms < pr.fp32_ms and target_fp32_bytes >= _HALF_FROM:
+        if pr.fp16w_ms is not None and target_fp32_bytes >= _HALF_FROM and (pr.fp16w_ms < pr.fp32_ms or not fits):
             chosen_target = "fp16w"
-            why.append("target fp16w: half the memory, faster here, and greedy output stays identical")
+            why.append("target fp16w: half the memory, " + ("faster here, " if pr.fp16w_ms < pr.fp32_ms else
+                       f"as the fp32 pair does not fit ({_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}), ")
+                       + "and greedy output stays identical")
         else:
             chosen_target = "fp32" if fits else "bf16"
             why.append(
