@@ -148,6 +148,23 @@ def empty_half_linears(model: torch.nn.Module) -> dict[str, HalfLinear]:
     return sinks
 
 
+def rows_agree(model: torch.nn.Module, counts: tuple[int, ...] = (1, 2, 3, 5, 7, 9, 14, 17, 25, 33)) -> bool:
+    """Whether each distinct HalfLinear shape of a model gives every row the same bits at these pass sizes (padded).
+
+    The probe behind padded_rows used a small matrix; this checks the model's own layers once at load,
+    so that a CPU whose kernels pick by shape is caught, not trusted.
+    """
+    gen = torch.Generator().manual_seed(0)
+    layers = {(m.in_features, m.out_features): m for m in model.modules() if isinstance(m, HalfLinear)}
+    with torch.no_grad():
+        for layer in layers.values():
+            x = torch.randn(max(counts), layer.in_features, generator=gen)
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(max(counts))])
+            if not all(torch.equal(layer(x[:n]), alone[:n]) for n in counts):
+                return False
+    return True
+
+
 def half_bytes(model: torch.nn.Module) -> int:
     """Bytes of the fp16 weights (held by fbgemm: neither parameters nor buffers)."""
     return sum(m.nbytes() for m in model.modules() if isinstance(m, HalfLinear))

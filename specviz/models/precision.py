@@ -309,5 +309,5 @@ def _gb(n: int) -> str:
 def describe(precision: str) -> str:
     """The label of a target precision in a select box: whether it keeps the promise here."""
     if precision == "fp16w":
-        return "fp16w (fp16 weights, fp32 arithmetic)" if half.half_works() else "fp16w (unavailable here)"
+        return "fp16w" if half.half_works() else "fp16w (unavailable here)"  # bit-exact like fp32: no note (the box is narrow)
     return precision if precision in BIT_EXACT else f"{precision} (not bit-exact here)"

@@ -193,6 +193,10 @@ def load_pair(
         target, draft = _to_device(target, dev), _to_device(draft, dev)
         kernels = ""
         if choice.target == "fp16w":
+            report(0.97, "checking the fp16-weight layers give each row the same bits at any pass size")
+            if not half.rows_agree(target):
+                raise PairError("fp16w is not row-invariant for this model's layers on this CPU "
+                                "(greedy output could differ from the target's own): use fp32")
             kernels = half.describe(sum(isinstance(m, half.HalfLinear) for m in target.modules()))
         if dev.type == "cpu":
             report(0.97, "packing the weights for fast verify passes")
