@@ -20,7 +20,7 @@ import functools
 import torch
 
 _PROBE_MAX_ROWS = 512  # every pass a step, a chain, a tree or a prompt of up to 512 tokens makes is padded to agree
-_PIECE = 32 << 20  # weights split into row blocks of at most this many values: the fp32 copy prepacking needs stays small
+_PIECE = 32 << 20  # weights packed in row blocks of at most this many values: what fbgemm allocates while packing stays small
 
 
 def _prepack(weight: torch.Tensor) -> object:
@@ -123,16 +123,10 @@ class HalfLinear(torch.nn.Module):
 
 def half_linears(model: torch.nn.Module) -> int:
     """Replace every nn.Linear of a CPU fp32 model by a HalfLinear, one at a time (peak: one extra matrix); returns how many."""
-    from specviz.models.packed import layers_of
+    from specviz.models.packed import layers_of, replace_each
 
-    layers = layers_of(model, torch.nn.Linear)
     with torch.no_grad():
-        n = len(layers)
-        while layers:  # popped, so each fp32 weight is released as soon as its fp16 copy is in place
-            parent, name, child = layers.pop(0)
-            setattr(parent, name, HalfLinear(child.weight, child.bias))
-            del child
-    return n
+        return replace_each(layers_of(model, torch.nn.Linear), lambda child: HalfLinear(child.weight, child.bias))
 
 
 def empty_half_linears(model: torch.nn.Module) -> dict[str, HalfLinear]:

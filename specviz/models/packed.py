@@ -139,11 +139,20 @@ def pack_linears(model: torch.nn.Module) -> int:
         if not all(_rows_agree(PackedLinear(c.weight, c.bias), gen) for c in by_shape.values()):
             return 0
         del by_shape, first
-        n = len(layers)
-        while layers:  # popped, so each plain weight is released as soon as its packed copy is in place
-            parent, name, child = layers.pop(0)
-            setattr(parent, name, PackedLinear(child.weight, child.bias))
-            del child
+        return replace_each(layers, lambda child: PackedLinear(child.weight, child.bias))
+
+
+def replace_each(layers: list[tuple[torch.nn.Module, str, Any]], make: Any) -> int:
+    """Put `make(layer)` in each layer's place, one at a time, and return how many.
+
+    The list is emptied as it goes, so each old layer (and its weight) is released as soon as its
+    replacement is in place: the peak is one extra matrix, never a second model.
+    """
+    n = len(layers)
+    while layers:
+        parent, name, child = layers.pop(0)
+        setattr(parent, name, make(child))
+        del child
     return n
 
 
