@@ -68,6 +68,8 @@ def padded_rows(n: int) -> int:
 class HalfLinear(torch.nn.Module):
     """An nn.Linear whose weight is held in fp16 by fbgemm; input, bias and output stay fp32, rows padded to agree."""
 
+    dtype = torch.float32  # of its inputs and outputs (what a caller feeds it)
+
     def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0, out_features: int = 0) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape if weight is not None else (out_features, in_features)
@@ -148,15 +150,12 @@ def rows_agree(model: torch.nn.Module, counts: tuple[int, ...] = (1, 2, 3, 5, 7,
     The probe behind padded_rows used a small matrix; this checks the model's own layers once at load,
     so that a CPU whose kernels pick by shape is caught, not trusted.
     """
+    from specviz.models.packed import _rows_agree
+
     gen = torch.Generator().manual_seed(0)
     layers = {(m.in_features, m.out_features): m for m in model.modules() if isinstance(m, HalfLinear)}
     with torch.no_grad():
-        for layer in layers.values():
-            x = torch.randn(max(counts), layer.in_features, generator=gen)
-            alone = torch.cat([layer(x[i : i + 1]) for i in range(max(counts))])
-            if not all(torch.equal(layer(x[:n]), alone[:n]) for n in counts):
-                return False
-    return True
+        return all(_rows_agree(layer, gen, counts) for layer in layers.values())
 
 
 def half_bytes(model: torch.nn.Module) -> int:

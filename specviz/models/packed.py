@@ -73,11 +73,11 @@ def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torc
     return layer
 
 
-def _rows_agree(layer: PackedLinear, gen: torch.Generator) -> bool:
-    """Whether a packed layer gives each row the same bits at every pass size in _PROBE_ROWS."""
-    rows = torch.randn(1, max(_PROBE_ROWS), layer.in_features, generator=gen).to(layer.dtype)
-    alone = [layer(rows[:, i : i + 1])[0, 0] for i in range(max(_PROBE_ROWS))]
-    for n in _PROBE_ROWS[1:]:
+def _rows_agree(layer: torch.nn.Module, gen: torch.Generator, counts: tuple[int, ...] = _PROBE_ROWS) -> bool:
+    """Whether a layer (packed here, or models.half's fp16-weight one) gives each row the same bits at every pass size in `counts`."""
+    rows = torch.randn(1, max(counts), layer.in_features, generator=gen).to(layer.dtype)
+    alone = [layer(rows[:, i : i + 1])[0, 0] for i in range(max(counts))]
+    for n in counts:
         out = layer(rows[:, :n])[0]
         if not all(torch.equal(out[i], alone[i]) for i in range(n)):
             return False
