@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable, Iterator
 
 import torch
@@ -46,3 +47,9 @@ def _first_line(e: BaseException) -> str:
 def _model_device(model: nn.Module) -> torch.device:
     """Device of a model's first parameter."""
     return next(model.parameters()).device
+
+
+def pack_threads() -> int:
+    """Threads for packing weights at load (fbgemm packs on one core and releases the GIL): this machine's cores, 2..4
+    (more would hold more unpacked tensors in memory at once for little gain)."""
+    return max(2, min(4, os.cpu_count() or 2))
