@@ -443,11 +443,10 @@ def test_damaged_cache_is_rebuilt(smol_build, tmp_cache: Path) -> None:
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_qwen_coder_loads() -> None:
-    """Uses the real cache (~/.cache/specviz or $SPECVIZ_CACHE): the first run builds it (minutes)."""
-    start = time.perf_counter()
-    pair = load_pair("qwen-coder")
-    print(f"qwen-coder load {time.perf_counter() - start:.1f} s")
+def test_qwen_coder_loads(qwen_pair) -> None:
+    """Uses the real cache (~/.cache/specviz or $SPECVIZ_CACHE): the first run builds it (minutes). The pair is the
+    session's shared load (conftest.qwen_pair): one load serves every test that reads the default pair."""
+    pair = qwen_pair
     ids = pair.tokenizer("def fibonacci(n):")["input_ids"]
     assert 3 <= len(ids) <= 8 and pair.tokenizer.decode(ids) == "def fibonacci(n):"
     assert pair.draft_precision == "int8" and pair.context_length == 32768

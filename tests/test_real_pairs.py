@@ -59,8 +59,8 @@ def test_smollm2_ngram_drafter_identity(smollm, smollm_baselines):
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    return load_pair("qwen-coder")
+def qwen(qwen_pair):
+    return qwen_pair
 
 
 @pytest.fixture(scope="module")
