@@ -193,6 +193,26 @@ def test_int8_draft_leaves_target_unchanged() -> None:
     assert not torch.equal(logits(pair.draft, ids), reference)
 
 
+def test_int8_on_threads_gives_the_bits_of_torchs_quantize_dynamic() -> None:
+    """quantize_int8 converts layers on several threads; each must be exactly what torch's own pass makes."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from specviz.models import precision
+
+    ids = torch.tensor([list(b"def f(x): return x")])
+    draft = load_pair("tiny-random", "fp32").draft
+    ours = precision.quantize_int8(copy.deepcopy(draft))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = {name: per_channel_dynamic_qconfig for name in precision.int8_linears(draft)}
+        torchs = quantize_dynamic(copy.deepcopy(draft), spec, dtype=torch.qint8)
+    assert {n for n, m in ours.named_modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)} == set(spec)
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, torchs(ids).logits)
+
+
 def test_int8_with_tied_head_keeps_embeddings(tmp_path: Path) -> None:
     """quantize_dynamic swaps a tied lm_head for a packed int8 copy: the fp32 embedding stays as it was."""
     from transformers import LlamaForCausalLM
