@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,16 +18,36 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900  # a first real load builds the weight cache
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m specviz ARGS` from the repository root, as a user would type it."""
+def run_cli(*args: str, env: dict[str, str] | None = None, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m specviz ARGS` from the repository root, as a user would type it.
+
+    in_process: through cli.main in this process instead (the same code after the interpreter starts, without the
+    ~8 s of importing torch and transformers again); the environment is restored afterwards. The human-form and
+    entry-point tests keep the real subprocess.
+    """
+    if in_process:
+        return _run_in_process(list(args), env or {})
     return subprocess.run(
         [sys.executable, "-m", "specviz", *args], cwd=ROOT, capture_output=True, text=True,
         timeout=TIMEOUT_S, env={**os.environ, **(env or {})},
     )
 
 
+def _run_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["specviz", *args], code, out.getvalue(), err.getvalue())
+
+
 def run_json(*args: str, env: dict[str, str] | None = None) -> dict:
-    done = run_cli("generate", *args, "--json", env=env)
+    done = run_cli("generate", *args, "--json", env=env, in_process=True)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stdout.strip().splitlines()
@@ -271,13 +293,14 @@ def test_help_works():
 
 def test_prompt_longer_than_context_is_refused():
     # the tiny pair's tokenizer is byte-level with a 2048-position context
-    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "a" * 2100, "-q")
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "a" * 2100, "-q", in_process=True)
     line = assert_one_error_line(done, 2, "context")
     assert "2100 tokens" in line and "2048" in line
 
 
 def test_prompt_plus_new_tokens_past_context_is_refused():
-    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "a" * 2000, "--max-new-tokens", "100", "-q")
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "a" * 2000, "--max-new-tokens", "100", "-q",
+                   in_process=True)
     line = assert_one_error_line(done, 2, "--max-new-tokens")
     assert "48" in line  # what would fit
 
