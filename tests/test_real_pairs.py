@@ -59,11 +59,6 @@ def test_smollm2_ngram_drafter_identity(smollm, smollm_baselines):
 
 
 @pytest.fixture(scope="module")
-def qwen(qwen_pair):
-    return qwen_pair
-
-
-@pytest.fixture(scope="module")
 def qwen_baselines():
     return {}
 
@@ -72,5 +67,5 @@ def qwen_baselines():
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt_name", PROMPTS)
 @pytest.mark.parametrize("gamma", [1, 4, 8])
-def test_qwen_coder_greedy_identity(qwen, qwen_baselines, prompt_name, gamma):
-    _check_identity(qwen, qwen_baselines, prompt_name, gamma, ModelDrafter(qwen.draft))
+def test_qwen_coder_greedy_identity(qwen_pair, qwen_baselines, prompt_name, gamma):
+    _check_identity(qwen_pair, qwen_baselines, prompt_name, gamma, ModelDrafter(qwen_pair.draft))
