@@ -473,11 +473,6 @@ def test_qwen_coder_loads(qwen_pair) -> None:
     assert {151645, 151643} <= set(pair.eos_ids)
     assert logits(pair.target, ids).shape == (1, len(ids), 151936)
     assert logits(pair.draft, ids).shape == (1, len(ids), 151936)
-    if pair.target_precision == "fp16w":  # the target's fp16 layers pad their rows (row invariance); the draft's need not
-        from specviz.models.half import HalfLinear
-
-        pads = [{m.pad for m in model.modules() if isinstance(m, HalfLinear)} for model in (pair.target, pair.draft)]
-        assert pads == [{True}, {False}]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -70,12 +70,9 @@ class HalfLinear(torch.nn.Module):
 
     dtype = torch.float32  # of its inputs and outputs (what a caller feeds it)
 
-    def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0, out_features: int = 0,
-                 pad: bool = True) -> None:
+    def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0, out_features: int = 0) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape if weight is not None else (out_features, in_features)
-        # pad=False for a draft: its guesses need not be row-invariant (the rule keeps the output exact), so it skips the zero rows
-        self.pad = pad
         self.bias = bias  # the model's own parameter: filled by a streaming load, shared with nothing else
         self.pieces: list[object] = []
         if weight is not None:
@@ -91,7 +88,7 @@ class HalfLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
         n = rows.shape[0]
-        m = padded_rows(n) if self.pad else n
+        m = padded_rows(n)
         if m > n:  # zero rows: only so that fbgemm builds these rows with the same kernels as any other pass
             rows = torch.cat([rows, rows.new_zeros(m - n, self.in_features)])
         outs = [_run(rows, p) for p in self.pieces]
@@ -111,7 +108,7 @@ class HalfLinear(torch.nn.Module):
 
     def __deepcopy__(self, memo: dict) -> "HalfLinear":
         """A copy sharing the packed pieces (read-only) and what `memo` maps; the bias is copied unless shared."""
-        new = HalfLinear(None, None, self.in_features, self.out_features, self.pad)
+        new = HalfLinear(None, None, self.in_features, self.out_features)
         memo[id(self)] = new
         new.pieces = self.pieces
         if self.bias is not None:
@@ -126,14 +123,12 @@ class HalfLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp16 weights"
 
 
-def half_linears(model: torch.nn.Module, pad: bool = True) -> int:
-    """Replace every nn.Linear of a CPU fp32 model by a HalfLinear, one at a time (peak: one extra matrix); returns how many.
-
-    pad=False (a draft) skips the zero rows that make a target's rows agree across pass sizes."""
+def half_linears(model: torch.nn.Module) -> int:
+    """Replace every nn.Linear of a CPU fp32 model by a HalfLinear, one at a time (peak: one extra matrix); returns how many."""
     from specviz.models.packed import layers_of, replace_each
 
     with torch.no_grad():
-        return replace_each(layers_of(model, torch.nn.Linear), lambda child: HalfLinear(child.weight, child.bias, pad=pad))
+        return replace_each(layers_of(model, torch.nn.Linear), lambda child: HalfLinear(child.weight, child.bias))
 
 
 def empty_half_linears(model: torch.nn.Module) -> dict[str, HalfLinear]:

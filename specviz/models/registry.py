@@ -171,9 +171,8 @@ def load_pair(
         model = _set_precision(model, choice.draft, "draft", report)
         if choice.target == "fp16w" and choice.draft == "int8":
             # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
-            # fp32 arithmetic still, so only the draft's guesses can change, never the output (and unpadded: a draft
-            # needs no row invariance)
-            half.half_linears(model, pad=False)
+            # fp32 arithmetic still, so only the draft's guesses can change, never the output
+            half.half_linears(model)
         _return_freed_memory()  # the fp32 draft's pages go back before the target arrives
         return model
 
