@@ -727,6 +727,51 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# batch: many runs sharing each pass
+
+
+def add_batch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "batch", help="B different prompts decoded together (target alone, then speculative) for each batch size",
+        description="For each batch size B, B different prompts (the presets first, then the load test's own) run "
+        "together through the batched executor, once as target-only decoding and once as speculative decoding "
+        "(the default drafter: the draft model's chain), greedy, side by side in one process. Tokens per second "
+        "count all B runs' new tokens over the wall time; 'identical' says whether every run equalled the same "
+        "run alone.",
+    )
+    add_pair_arguments(p)
+    p.add_argument("--sizes", type=_ints, default=None, help="batch sizes, 1..16 (default 1,4,8)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per run, 1..256 (default 32)")
+    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--json", action="store_true", help='print {"sizes": [{"batch": B, "plain_tokens_per_s": ..., '
+                   '"spec_tokens_per_s": ..., "identical": ...}, ...]} and more keys')
+    p.set_defaults(func=cmd_batch)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    check_flag("--gamma", limits.check_gamma, args.gamma)
+    quiet_libraries(args.quiet)
+    pair_name = resolve_pair_name(args.pair)
+    from specviz import models
+    from specviz.serve import measure
+
+    try:
+        config = measure.BatchConfig(sizes=args.sizes or measure.SIZES, max_new_tokens=args.max_new_tokens,
+                                     gamma=args.gamma)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    pair = models.load_pair(pair_name, draft_precision=args.draft_precision, target_precision=args.target_precision,
+                            progress=stderr_progress(args.quiet))
+    say = (lambda _: None) if args.quiet else (lambda m: print(f"specviz: {m}", file=sys.stderr, flush=True))
+    report = measure.measure_batches(pair, pair_name, config, say)
+    if args.json:
+        print(json.dumps(report.as_dict(), ensure_ascii=False, indent=1))
+    else:
+        print(measure.sizes_table(report))
+    return 0 if all(s.identical for s in report.sizes) else 1
+
+
+# ---------------------------------------------------------------------------------------------
 # entry point
 
 
@@ -738,6 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_loadtest(sub)
     add_same_answer(sub)
     add_why_cheap(sub)
+    add_batch(sub)
     return parser
 
 
@@ -750,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:
-            raise CliError("choose a command: generate, bench, loadtest, same-answer or why-cheap (see python -m specviz -h)")
+            raise CliError("choose a command: generate, bench, loadtest, same-answer, why-cheap or batch (see python -m specviz -h)")
         return args.func(args)
     except CliError as e:
         _err(str(e))

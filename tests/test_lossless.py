@@ -7,7 +7,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.core.drafters import ModelDrafter
-from specviz.core.engine import CachedTarget, speculative_generate
+from specviz.core.engine import speculative_generate
+from specviz.core.rounds import CachedTarget, solo
 from specviz.core.trace import GenerationConfig
 from specviz.core.progress import drain
 from specviz.labs.same_answer import (
@@ -60,7 +61,7 @@ def test_prefix_memo_matches_a_full_forward_and_counts_hits(target):
     memo = target_memo(target, SAMPLING)
     seqs = [PROMPT + [3], PROMPT + [3, 4], PROMPT + [6], PROMPT + [3, 4]]
     for ids in seqs:
-        got = memo.probs(ids, 2)  # (2, V)
+        got = solo(memo.probs(ids, 2))  # (2, V)
         assert torch.allclose(got[0], direct_p(target, ids[:-1]), atol=1e-5)
         assert torch.allclose(got[1], direct_p(target, ids), atol=1e-5)
     assert memo.misses == 4 and memo.hits == 4  # 8 rows asked, 4 distinct prefixes: P, P+3, P+3+4, P+6
@@ -69,15 +70,15 @@ def test_prefix_memo_matches_a_full_forward_and_counts_hits(target):
 def test_prefix_memo_evicts_but_stays_correct(target):
     memo = target_memo(target, SAMPLING, max_bytes=3 * V * 4)  # room for three rows
     for t in range(V):
-        memo.probs(PROMPT + [t], 1)
+        solo(memo.probs(PROMPT + [t], 1))
     assert len(memo.rows) == 3 and memo.bytes == 3 * V * 4
-    assert torch.allclose(memo.probs(PROMPT + [0], 1)[0], direct_p(target, PROMPT + [0]), atol=1e-5)
+    assert torch.allclose(solo(memo.probs(PROMPT + [0], 1))[0], direct_p(target, PROMPT + [0]), atol=1e-5)
 
 
 def test_memo_target_matches_the_engines_default(target):
     memo, plain = target_memo(target, SAMPLING), CachedTarget(target, SAMPLING)
-    plain.prefill(PROMPT)
-    assert torch.allclose(memo.probs(PROMPT + [2, 3], 3), plain.probs(PROMPT + [2, 3], 3), atol=1e-5)
+    solo(plain.prefill(PROMPT))
+    assert torch.allclose(solo(memo.probs(PROMPT + [2, 3], 3)), solo(plain.probs(PROMPT + [2, 3], 3)), atol=1e-5)
 
 
 def test_memo_drafter_drafts_what_model_drafter_drafts(target, draft):

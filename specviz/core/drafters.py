@@ -1,54 +1,21 @@
-"""Drafters: propose up to γ tokens and the full q distribution each was drawn from."""
+"""Drafters: propose up to γ tokens and the full q distribution each was drawn from (chains), or a tree; `make_drafter` picks one by name."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from specviz.core.kv import CachedLM
 from specviz.core.limits import DRAFTER_KINDS
-from specviz.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from specviz.core.rounds import Draft, Drafter, Round, RunTools, Steps, chain_round, solo
+from specviz.core.sampling import SamplingConfig, draft_q, sample_from
+from specviz.core.trace import RoundTrace
+from specviz.core.tree import TreeConfig, TreeDrafter
 
-
-@dataclass(frozen=True)
-class Draft:
-    """A drafter's proposal: the new tokens only, and always their full q rows."""
-
-    tokens: tuple[int, ...]  # (k,) with k <= γ; k may be 0 (nothing worth drafting)
-    q: torch.Tensor  # (k, V) the draft distribution each token was drawn from
-
-
-class DraftSession(Protocol):
-    """A drafter bound to one request (owns that request's state, e.g. a KV cache)."""
-
-    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft: ...
-
-
-class Drafter(Protocol):
-    """Stateless factory of draft sessions; the engine never looks inside."""
-
-    name: str
-
-    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession: ...
-
-
-def _fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Pad or cut q's last dim to the target's vocabulary (padded embedding rows differ by model)."""
-    v = q.shape[-1]
-    if v == vocab_size:
-        return q
-    if v > vocab_size:
-        q = q[..., :vocab_size]
-        return q / q.sum(dim=-1, keepdim=True)
-    return torch.nn.functional.pad(q, (0, vocab_size - v))
-
-
-def draft_q(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: int) -> torch.Tensor:
-    """The draft's raw logits (V_draft,) -> q (V,): the same transform as p, fitted to the target's vocabulary."""
-    return _fit_vocab(logits_to_probs(logits, sampling), vocab_size)
+__all__ = ["ChainDraftSession", "Draft", "Drafter", "ModelDrafter", "NgramDrafter", "find_ngram_continuation", "make_drafter"]
 
 
 class QMemo(Protocol):
@@ -56,10 +23,27 @@ class QMemo(Protocol):
 
     sampling: SamplingConfig  # the settings its rows were made with (the seed aside: it changes no row)
 
-    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor: ...  # (n_last, V) q rows, draft_q applied
+    def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]: ...  # (n_last, V) q rows, draft_q applied
 
 
-class _ModelDraftSession:
+class ChainDraftSession:
+    """The base of every chain drafter's session: write `propose_steps` (and `prefill` if it reads the prompt); rounds are chain rounds."""
+
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
+        yield from ()
+
+    def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+        return chain_round(self, r, tools)
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+        """`propose_steps` answered alone (tests and tools that draft outside a run)."""
+        return solo(self.propose_steps(ids, gamma, generator))
+
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
+        raise NotImplementedError
+
+
+class _ModelDraftSession(ChainDraftSession):
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int,
                  min_confidence: float, min_tokens: int, memo: QMemo | None) -> None:
         self.lm = CachedLM(model) if memo is None else None  # a memo brings its own cache
@@ -69,11 +53,16 @@ class _ModelDraftSession:
         self.min_confidence = min_confidence
         self.min_tokens = min_tokens
 
-    def _q(self, seq: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
+        feed = self.lm.prefill_feed(ids) if self.lm is not None else None
+        if feed is not None:
+            yield feed
+
+    def _q(self, seq: Sequence[int]) -> Steps[tuple[torch.Tensor, torch.Tensor | None]]:
         """q at the end of seq (V,), and the raw logits when computed here (None from a memo)."""
         if self.memo is not None:
-            return self.memo.probs(seq, 1)[0], None
-        logits = self.lm.logits(seq, 1)[0]  # type: ignore[union-attr]  # (V_draft,)
+            return (yield from self.memo.probs(seq, 1))[0], None
+        logits = (yield self.lm.feed(seq, 1))[0]  # type: ignore[union-attr]  # (V_draft,)
         return draft_q(logits, self.sampling, self.vocab_size), logits
 
     def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
@@ -82,11 +71,11 @@ class _ModelDraftSession:
             return float(q[x])
         return float(torch.softmax(logits, dim=-1)[x])
 
-    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
         seq = list(ids)
         rows: list[torch.Tensor] = []
         for _ in range(gamma):
-            q, logits = self._q(seq)  # (V,)
+            q, logits = yield from self._q(seq)  # (V,)
             x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
             rows.append(q)
             seq.append(x)
@@ -113,13 +102,10 @@ class ModelDrafter:
         if self.q_memo is not None and self.min_confidence:
             raise ValueError("a q memo keeps no logits: the confidence stop needs min_confidence = 0")
 
-    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> _ModelDraftSession:
         if self.q_memo is not None and replace(self.q_memo.sampling, seed=sampling.seed) != sampling:
             raise ValueError("this drafter's q memo was built for other sampling settings")
-        session = _ModelDraftSession(self.model, sampling, vocab_size, self.min_confidence, self.min_tokens, self.q_memo)
-        if session.lm is not None:
-            session.lm.prefill(prompt_ids)
-        return session
+        return _ModelDraftSession(self.model, sampling, vocab_size, self.min_confidence, self.min_tokens, self.q_memo)
 
 
 def find_ngram_continuation(ids: Sequence[int], max_ngram: int, min_ngram: int, k: int) -> list[int]:
@@ -136,13 +122,14 @@ def find_ngram_continuation(ids: Sequence[int], max_ngram: int, min_ngram: int, 
     return []
 
 
-@dataclass(frozen=True)
-class _NgramSession:
-    max_ngram: int
-    min_ngram: int
-    vocab_size: int
+class _NgramSession(ChainDraftSession):
+    def __init__(self, max_ngram: int, min_ngram: int, vocab_size: int) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.vocab_size = vocab_size
 
-    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
+        yield from ()  # the lookup needs no pass
         tokens = find_ngram_continuation(ids, self.max_ngram, self.min_ngram, gamma)
         q = torch.zeros(len(tokens), self.vocab_size)  # (k, V) one-hot: the lookup is certain
         if tokens:
@@ -158,7 +145,7 @@ class NgramDrafter:
     min_ngram: int = 1
     name: str = "ngram"
 
-    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> DraftSession:
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> _NgramSession:
         return _NgramSession(self.max_ngram, self.min_ngram, vocab_size)
 
 
@@ -172,13 +159,12 @@ ADAPTIVE_MIN_CONFIDENCE = 0.4
 ADAPTIVE_MIN_TOKENS = 1
 
 
-def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False, tree: Any = None) -> Drafter:
+def make_drafter(kind: str, draft_model: torch.nn.Module | None, adaptive: bool = False,
+                 tree: TreeConfig | None = None) -> Drafter:
     """The drafter the CLI, the app and the benchmark use, by name (`tree`: a TreeConfig for kind "tree")."""
     if kind == "ngram":
         return NgramDrafter()
     if kind == "tree" and draft_model is not None:
-        from specviz.core.tree import TreeConfig, TreeDrafter  # core.tree builds on this module
-
         return TreeDrafter(draft_model, tree if tree is not None else TreeConfig())
     if kind != "model" or draft_model is None:
         raise ValueError(f"unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")

@@ -59,6 +59,22 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def fit_vocab(q: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad or cut a draft distribution's last dim to the target's vocabulary (padded embedding rows differ by model)."""
+    v = q.shape[-1]
+    if v == vocab_size:
+        return q
+    if v > vocab_size:
+        q = q[..., :vocab_size]
+        return q / q.sum(dim=-1, keepdim=True)
+    return torch.nn.functional.pad(q, (0, vocab_size - v))
+
+
+def draft_q(logits: torch.Tensor, sampling: SamplingConfig, vocab_size: int) -> torch.Tensor:
+    """The draft's raw logits (..., V_draft) -> q (..., V): the same transform as p, fitted to the target's vocabulary."""
+    return fit_vocab(logits_to_probs(logits, sampling), vocab_size)
+
+
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Mask tokens outside the smallest most-likely set whose mass reaches top_p."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)

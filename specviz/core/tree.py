@@ -1,4 +1,4 @@
-"""Token trees: the tree config, a KV cache that holds a tree of uncommitted entries, and the tree drafter.
+"""Token trees: the tree config, the tree drafter and its round (draft a tree, verify it in one target pass, keep the accepted branch).
 
 A tree round drafts several alternative continuations at once; the target scores every node in
 one pass where each node sees the committed prefix and its own ancestors only (a 4-D mask and
@@ -8,15 +8,18 @@ branch, gathered from the entries already computed (nothing is recomputed).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
-from specviz.core.drafters import _fit_vocab
-from specviz.core.kv import CachedLM, common_prefix_len
-from specviz.core.sampling import SamplingConfig, logits_to_probs, sample_from
+from specviz.core.kv import TreeLM
+from specviz.core.rounds import CachedTarget, Round, RunTools, Steps, TargetAlone, ms_since, solo, top_dist
+from specviz.core.sampling import SamplingConfig, fit_vocab, logits_to_probs, sample_from
+from specviz.core.trace import RoundTrace, TreeNode, TreeTrace
+from specviz.core.tree_rule import DraftTree, TreeVerdict, verify_tree
 
 BUDGET_RANGE = (1, 64)
 BRANCHING_RANGE = (1, 8)
@@ -49,146 +52,6 @@ class TreeConfig:
                 raise ValueError(f"tree {name} must be in {lo}..{hi}, got {value}")
         if not 0.0 <= self.min_score < 1.0:
             raise ValueError(f"tree min_score must be in [0, 1), got {self.min_score}")
-
-
-@dataclass(frozen=True)
-class DraftTree:
-    """A drafter's proposed tree: nodes in an order where parents come before children.
-
-    Siblings appear in the order the rule tries them. A `sampled` node was drawn from q and is
-    always its parent's first child; the others are deterministic picks (the draft's next best).
-    """
-
-    tokens: tuple[int, ...]  # (n,) token of each node
-    parents: tuple[int, ...]  # (n,) index of the parent node; -1 = the root (last committed token)
-    sampled: tuple[bool, ...]  # (n,) drawn from q (tried with min(1, p/q)) or picked (tried as a one-hot draft)
-    q: torch.Tensor  # (n+1, V) draft distribution after the root (row 0) and after node i (row i+1); zeros where never computed
-
-    @property
-    def depths(self) -> tuple[int, ...]:
-        """Depth of each node, 1 for the root's children."""
-        out: list[int] = []
-        for par in self.parents:
-            out.append(1 if par < 0 else out[par] + 1)
-        return tuple(out)
-
-    def children(self, node: int) -> list[int]:
-        """Child indices of a node (-1 = root) in try order."""
-        return [i for i, par in enumerate(self.parents) if par == node]
-
-    def branch(self, node: int) -> list[int]:
-        """Node indices from the root's child down to `node` (empty for the root)."""
-        out: list[int] = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
-
-
-def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
-    """(n, n) bool: entry [i, j] is True when node j is node i or one of its ancestors."""
-    n = len(parents)
-    anc = torch.zeros(n, n, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        if par >= 0:
-            anc[i] = anc[par]
-        anc[i, i] = True
-    return anc
-
-
-class TreeLM(CachedLM):
-    """A CachedLM whose cache may end with uncommitted tree entries after the committed `ids`.
-
-    `tree_logits` feeds tree nodes (each sees the committed ids and its ancestors) in one pass;
-    `commit` keeps one branch of them by gathering its cached keys/values; a plain `logits`
-    call drops the tree first, so this class answers every CachedLM question the same way.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self.tree_tokens: list[int] = []  # tokens of the cached tree entries, in cache order
-        self.tree_parents: list[int] = []  # parent entry of each (-1 = the end of the committed ids)
-        self.dtype = getattr(model, "dtype", torch.float32)
-
-    def drop_tree(self) -> None:
-        """Forget every uncommitted tree entry."""
-        if self.tree_tokens:
-            self.cache.crop(-len(self.tree_tokens))
-            self.tree_tokens, self.tree_parents = [], []
-
-    @torch.inference_mode()
-    def logits(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
-        self.drop_tree()
-        return super().logits(ids, n_last)
-
-    @torch.inference_mode()
-    def tree_logits(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int], with_root: bool) -> torch.Tensor:
-        """Logits of new tree nodes (n, V), preceded by the last id's row when with_root: (1+n, V).
-
-        `parents` index the tree entries (those cached before this call come first); -1 hangs a
-        node under the last committed id. Ids not yet cached are fed causally in the same pass.
-        """
-        keep = common_prefix_len(self.ids, ids)
-        if with_root:
-            keep = min(keep, len(ids) - 1)  # the root's own logits are wanted: feed it again
-        if keep < len(self.ids) or keep < len(ids):
-            self.drop_tree()  # the committed ids change: tree entries after them are stale
-            self.crop(keep)
-        chain = list(ids[keep:])
-        old = len(self.tree_tokens)
-        all_parents = self.tree_parents + list(parents)
-        mask, positions = self._tree_mask(len(ids), len(chain), old, all_parents)
-        feed = torch.tensor([chain + list(tokens)], dtype=torch.long, device=self.device)  # (1, c+n)
-        out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
-        self.ids.extend(chain)
-        self.tree_tokens += list(tokens)
-        self.tree_parents = all_parents
-        first = len(chain) - 1 if with_root else len(chain)
-        return out.logits[0, first:].float()  # (1+n or n, V)
-
-    def _tree_mask(self, n_committed: int, n_chain: int, n_old: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Additive 4-D mask (1, 1, c+n, kv) and position ids (1, c+n) of the rows fed now.
-
-        Float, not bool: transformers returns a 4-D mask as-is, and its eager attention adds it to
-        the scores while sdpa takes a float mask as additive too, so one mask serves both paths.
-        """
-        n_tree = len(parents)
-        n_new_tree = n_tree - n_old
-        kv = n_committed + n_tree
-        visible = torch.zeros(n_chain + n_new_tree, kv, dtype=torch.bool)
-        start = n_committed - n_chain  # absolute position of the first chain row
-        for r in range(n_chain):
-            visible[r, : start + r + 1] = True  # causal over the committed ids
-        anc = ancestor_matrix(parents)  # (n_tree, n_tree)
-        visible[n_chain:, :n_committed] = True  # every node sees the whole committed prefix...
-        visible[n_chain:, n_committed:] = anc[n_old:]  # ...and its own ancestors and itself only
-        depth = anc.sum(dim=1)  # (n_tree,) ancestors-or-self = depth (1 under the root)
-        pos = torch.cat([torch.arange(start, n_committed), n_committed - 1 + depth[n_old:]])  # (c+n,)
-        mask = torch.zeros(visible.shape, dtype=self.dtype).masked_fill_(~visible, torch.finfo(self.dtype).min)
-        return mask[None, None].to(self.device), pos[None].to(self.device)
-
-    @torch.inference_mode()
-    def commit(self, entries: Sequence[int]) -> None:
-        """Keep the cached tree entries on one branch (root to leaf) as committed ids; drop the others.
-
-        Their keys/values are moved into place from the cache itself: positions were already
-        prefix length + depth, so the kept rows are exactly what a plain pass would have made.
-        """
-        entries = [e for e in entries if e < len(self.tree_tokens)]
-        base = len(self.ids)
-        if entries:
-            idx = torch.tensor(entries, dtype=torch.long, device=self.device) + base  # (m,)
-            for layer in self.cache.layers:
-                if type(layer) is not DynamicLayer:
-                    raise NotImplementedError("tree caches need full-attention layers (no sliding window)")
-                # index on the right copies first, so overlapping source and destination are safe
-                layer.keys[..., base : base + len(entries), :] = layer.keys[..., idx, :]
-                layer.values[..., base : base + len(entries), :] = layer.values[..., idx, :]
-        extra = len(self.tree_tokens) - len(entries)
-        if extra:
-            self.cache.crop(-extra)
-        self.ids.extend(self.tree_tokens[e] for e in entries)
-        self.tree_tokens, self.tree_parents = [], []
 
 
 # ------------------------------------------------------------------------------------------
@@ -239,14 +102,23 @@ class TreeSession:
     def _rows(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (the rule's draft law) and the ranking law: q itself when sampling, softmax of the logits when greedy
         (greedy q is one-hot, which cannot rank the alternatives)."""
-        q = _fit_vocab(logits_to_probs(logits, self.sampling), self.vocab_size)  # (m, V)
-        rank = q if not self.sampling.greedy else _fit_vocab(torch.softmax(logits.float(), -1), self.vocab_size)
+        q = fit_vocab(logits_to_probs(logits, self.sampling), self.vocab_size)  # (m, V)
+        rank = q if not self.sampling.greedy else fit_vocab(torch.softmax(logits.float(), -1), self.vocab_size)
         return q, rank
 
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
+        feed = self.lm.prefill_feed(ids)
+        if feed is not None:
+            yield feed
+
     def propose_tree(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> DraftTree:
+        """`propose_tree_steps` answered alone (tests and tools that draft outside a run)."""
+        return solo(self.propose_tree_steps(ids, max_depth, generator))
+
+    def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]:
         """Draft a tree of at most config.budget nodes and min(config.depth, max_depth) levels, one draft pass per level."""
         cfg = self.config
-        q_root, rank_root = self._rows(self.lm.logits(ids, 1))
+        q_root, rank_root = self._rows((yield self.lm.feed(ids, 1)))
         cands: list[_Cand] = []
         frontier = [(-1, 1.0, q_root[0], rank_root[0])]  # (candidate, path score, q, rank) of nodes to expand
         n_entries = 0
@@ -264,7 +136,8 @@ class TreeSession:
             for c in expand:
                 cands[c].entry, n_entries = n_entries, n_entries + 1
             parents = [cands[cands[c].parent].entry if cands[c].parent >= 0 else -1 for c in expand]
-            q_lvl, rank_lvl = self._rows(self.lm.tree_logits(ids, [cands[c].token for c in expand], parents, with_root=False))
+            level_feed = self.lm.tree_feed(ids, [cands[c].token for c in expand], parents, with_root=False)
+            q_lvl, rank_lvl = self._rows((yield level_feed))
             frontier = [(c, cands[c].score, q_lvl[i], rank_lvl[i]) for i, c in enumerate(expand)]
             for i, c in enumerate(expand):
                 cands[c].row = q_lvl[i]
@@ -302,6 +175,63 @@ class TreeSession:
             entries.append(self._entries[node])
         self.lm.commit(entries)
 
+    def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+        """A tree round; a round that may draft nothing (γ 0 from the policy, or one token of budget left) is a plain target step."""
+        if not min(r.gamma, r.budget - 1):
+            return (yield from TargetAlone().round(r, tools))
+        target = tools.target
+        if not isinstance(target, CachedTarget):
+            raise ValueError("a tree drafter needs the target's own tree cache (other target_probs serve chains only)")
+        t = time.perf_counter()
+        tree = yield from self.propose_tree_steps(r.ids, r.budget - 1, tools.generator)  # depth bounded by the budget, not by γ
+        draft_ms = ms_since(t)
+        t = time.perf_counter()
+        p = yield from target.tree_probs(r.ids, tree.tokens, tree.parents)  # (n+1, V)
+        verdict = verify_tree(p, tree, tools.generator)
+        target.commit(verdict.path)
+        self.commit(verdict.path)
+        verify_ms = ms_since(t)
+        return tree_round_trace(r, tree, p.cpu(), verdict, tools, draft_ms, verify_ms)
+
+
+def tree_round_trace(r: Round, tree: DraftTree, p: torch.Tensor, v: TreeVerdict, tools: RunTools, draft_ms: float,
+                     verify_ms: float) -> RoundTrace:
+    """A RoundTrace whose `tree` holds every node; its chain fields list the accepted path, then the rest."""
+    n, texts, top_n = len(tree.tokens), tools.texts, tools.top_n
+    rows = torch.tensor([par + 1 for par in tree.parents], dtype=torch.long)  # (n,) the row each node was drafted from
+    toks = torch.tensor(tree.tokens, dtype=torch.long)
+    p_x = p[rows, toks].tolist() if n else []
+    q_x = tree.q[rows, toks].tolist() if n else []
+    tried = {c: (a, u) for c, a, u in zip(v.tried, v.accept_probs, v.uniforms)}
+    on_path = set(v.path)
+    token_texts = texts(tree.tokens)
+    nodes = tuple(
+        TreeNode(
+            token=tree.tokens[i], text=token_texts[i], parent=tree.parents[i], depth=d, p=p_x[i], q=q_x[i],
+            sampled=tree.sampled[i], accept_prob=tried[i][0] if i in tried else None,
+            uniform=tried[i][1] if i in tried else None,
+            verdict="accepted" if i in on_path else ("rejected" if i in tried else "unreached"),
+        )
+        for i, d in zip(range(n), tree.depths)
+    )
+    order = list(v.path) + [i for i in range(n) if i not in on_path]
+    end = v.path[-1] + 1 if v.path else 0  # the row where the target decided
+    rejected_here = v.next_origin == "correction"
+    return RoundTrace(
+        index=r.index, position=r.position,
+        draft_ids=tuple(tree.tokens[i] for i in order), draft_texts=tuple(token_texts[i] for i in order),
+        p_draft=tuple(p_x[i] for i in order), q_draft=tuple(q_x[i] for i in order),
+        accept_probs=tuple(tried.get(i, (math.nan, math.nan))[0] for i in order),
+        uniforms=tuple(tried.get(i, (math.nan, math.nan))[1] for i in order),
+        accepted=tuple(k < len(v.path) for k in range(n)), n_accepted=len(v.path),
+        next_id=v.next_token, next_text=texts([v.next_token])[0], next_origin=v.next_origin,
+        p_top=top_dist(p[end], top_n, texts),
+        q_top=top_dist(tree.q[end], top_n, texts) if rejected_here else None,
+        residual_top=top_dist(v.residual.cpu(), top_n, texts),
+        draft_ms=draft_ms, verify_ms=verify_ms,
+        tree=TreeTrace(nodes, tuple(v.path)),
+    )
+
 
 def _ancestors(cands: list[_Cand], c: int) -> list[int]:
     out = []
@@ -320,6 +250,4 @@ class TreeDrafter:
     name: str = "tree"
 
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> TreeSession:
-        session = TreeSession(self.model, self.config, sampling, vocab_size)
-        session.lm.prefill(prompt_ids)
-        return session
+        return TreeSession(self.model, self.config, sampling, vocab_size)

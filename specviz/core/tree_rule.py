@@ -21,7 +21,40 @@ from dataclasses import dataclass
 import torch
 
 from specviz.core.sampling import Origin, sample_from
-from specviz.core.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A drafter's proposed tree: nodes in an order where parents come before children.
+
+    Siblings appear in the order the rule tries them. A `sampled` node was drawn from q and is
+    always its parent's first child; the others are deterministic picks (the draft's next best).
+    """
+
+    tokens: tuple[int, ...]  # (n,) token of each node
+    parents: tuple[int, ...]  # (n,) index of the parent node; -1 = the root (last committed token)
+    sampled: tuple[bool, ...]  # (n,) drawn from q (tried with min(1, p/q)) or picked (tried as a one-hot draft)
+    q: torch.Tensor  # (n+1, V) draft distribution after the root (row 0) and after node i (row i+1); zeros where never computed
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """Depth of each node, 1 for the root's children."""
+        out: list[int] = []
+        for par in self.parents:
+            out.append(1 if par < 0 else out[par] + 1)
+        return tuple(out)
+
+    def children(self, node: int) -> list[int]:
+        """Child indices of a node (-1 = root) in try order."""
+        return [i for i, par in enumerate(self.parents) if par == node]
+
+    def branch(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node` (empty for the root)."""
+        out: list[int] = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
 
 
 @dataclass(frozen=True)

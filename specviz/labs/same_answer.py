@@ -16,14 +16,15 @@ from scipy.stats import chisquare
 from specviz.app.policy import bounded
 from specviz.app.settings import Settings
 from specviz.core import divergence
-from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, draft_q, make_drafter
-from specviz.core.engine import TokenTexts, autoregressive_generate, speculative_generate
+from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, make_drafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.rounds import Steps, TokenTexts, solo
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.kv import CachedLM
 from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_samples  # noqa: F401 (the page's ranges)
 from specviz.core.metrics import first_divergence
 from specviz.core.progress import Progress, drain, with_progress
-from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, logits_to_probs
+from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, draft_q, logits_to_probs
 from specviz.models.precision import batch_variant_twin
 
 RULE_TITLES: dict[str, str] = {
@@ -153,10 +154,11 @@ class PrefixMemo:
         self.hits = 0
         self.misses = 0
 
-    def prefill(self, ids: Sequence[int]) -> None:
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
         """Nothing to do: rows are computed on first use (the engine calls this once per sample)."""
+        yield from ()
 
-    def probs(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
+    def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
         """Rows (n_last, V) for the last n_last prefixes of `ids`: transform(CachedLM.logits) of each."""
         ids = tuple(ids)
         keys = [ids[: len(ids) - n_last + j + 1] for j in range(n_last)]
@@ -165,7 +167,7 @@ class PrefixMemo:
         self.hits += n_last - len(missing)
         if missing:
             first = missing[0]
-            fresh = self.lm.logits(ids, n_last - first)  # (n_last - first, V): one pass from the first miss on
+            fresh = yield self.lm.feed(ids, n_last - first)  # (n_last - first, V): one pass from the first miss on
             self.misses += len(missing)
             for j in range(first, n_last):
                 row = fresh[j - first]
@@ -192,7 +194,7 @@ def target_memo(target: torch.nn.Module, sampling: SamplingConfig, max_bytes: in
 
 
 def draft_memo(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: int, max_bytes: int = MEMO_BYTES) -> PrefixMemo:
-    """The draft's q per prefix, made exactly as ModelDrafter makes it (drafters.draft_q)."""
+    """The draft's q per prefix, made exactly as ModelDrafter makes it (sampling.draft_q)."""
     return PrefixMemo(draft, lambda row: draft_q(row, sampling, vocab_size), max_bytes, sampling)
 
 
@@ -305,7 +307,7 @@ def exact_law(memo: PrefixMemo, tokenizer: Any, prompt_ids: Sequence[int], cfg: 
     for depth in range(cfg.n_tokens):
         grown: list[tuple[tuple[int, ...], float]] = []
         for i, (prefix, prob) in enumerate(frontier):
-            p = memo.probs(list(prompt_ids) + list(prefix), 1)[0].double()  # (V,) the target's processed p
+            p = solo(memo.probs(list(prompt_ids) + list(prefix), 1))[0].double()  # (V,) the target's processed p
             keep = (p * prob >= threshold).nonzero().flatten().tolist()
             grown += [(prefix + (t,), prob * float(p[t])) for t in keep]
             yield Progress(i + 1, len(frontier), f"exact probabilities, token {depth + 1}: {i + 1}/{len(frontier)} prefixes")

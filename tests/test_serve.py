@@ -1,0 +1,229 @@
+"""The batched executor: many runs in one forward, each run's logits bit-identical to the same run alone (tiny models and real weights)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specviz.core.drafters import make_drafter
+from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_generate, speculative_program
+from specviz.core.kv import CachedLM
+from specviz.core.progress import drain
+from specviz.core.sampling import SamplingConfig
+from specviz.core.trace import GenerationConfig
+from specviz.core.tree import TreeConfig
+from specviz.models.packed import pack_linears
+from specviz.serve.batch import Batch, run_together
+from specviz.serve.exact import batch_exactness
+
+V = 64
+
+
+class IdTokenizer:
+    def batch_decode(self, seqs):
+        return [f"<{s[0]}>" for s in seqs]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
+
+
+TOK = IdTokenizer()
+
+
+def aligned_lm(seed: int, packed: bool = True) -> LlamaForCausalLM:
+    """A tiny Llama whose widths are multiples of 16 (rows start on vector boundaries), with packed linears."""
+    torch.manual_seed(seed)  # test-only: builds weights
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)).eval()
+    if packed:
+        assert pack_linears(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def target():
+    return aligned_lm(0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return aligned_lm(1)
+
+
+def greedy(n, gamma=4, adaptive=False):
+    return GenerationConfig(max_new_tokens=n, gamma=gamma, adaptive=adaptive, sampling=SamplingConfig("greedy"))
+
+
+def sampled(n, seed, gamma=3):
+    return GenerationConfig(max_new_tokens=n, gamma=gamma, sampling=SamplingConfig("sample", temperature=1.0, seed=seed))
+
+
+# six runs of every kind: drafters, modes, prompt lengths and budgets all differ
+RUNS = (
+    ("model", [1, 2, 3, 4, 5], greedy(20)),
+    ("tree", [7, 8, 9], greedy(17)),
+    ("ngram", [1, 2, 3, 1, 2, 3, 1, 2], greedy(15)),
+    ("none", [5, 6, 7, 8, 9, 10, 11], greedy(12)),
+    ("model", [3, 4], sampled(18, seed=3)),
+    ("model", [9] * 12, greedy(16, gamma=8, adaptive=True)),
+    ("tree", [2, 9, 4, 4], sampled(11, seed=5)),
+)
+
+
+def program(target, draft, kind, prompt, cfg):
+    if kind == "none":
+        return autoregressive_program(target, TOK, prompt, cfg)
+    return speculative_program(target, make_drafter(kind, draft, adaptive=cfg.adaptive,
+                                                    tree=TreeConfig(budget=8, branching=2, depth=4, min_score=0.0)),
+                               TOK, prompt, cfg)
+
+
+def alone(target, draft, kind, prompt, cfg):
+    if kind == "none":
+        return drain(autoregressive_generate(target, TOK, prompt, cfg))
+    return drain(speculative_generate(target, make_drafter(kind, draft, adaptive=cfg.adaptive,
+                                                           tree=TreeConfig(budget=8, branching=2, depth=4, min_score=0.0)),
+                                      TOK, prompt, cfg))
+
+
+def test_packed_passes_give_each_run_the_logits_it_gets_alone(target):
+    prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7], list(range(20, 41))]
+    alone_out = []
+    for p in prompts:
+        lm = CachedLM(target)
+        lm.prefill(p[:-3])
+        alone_out.append(lm.logits(p, 4 if len(p) > 4 else len(p)))
+    lms = [CachedLM(target) for _ in prompts]
+    for lm, p in zip(lms, prompts):
+        lm.prefill(p[:-3])
+    from specviz.core.forward import forward
+
+    packed = forward(target, [lm.feed(p, 4 if len(p) > 4 else len(p)) for lm, p in zip(lms, prompts)])
+    assert all(torch.equal(a, b) for a, b in zip(alone_out, packed))
+
+
+def test_runs_of_every_kind_together_equal_each_run_alone(target, draft):
+    assert batch_exactness(target).exact
+    gens, sharing, _ = run_together([program(target, draft, *r) for r in RUNS], target)
+    for (kind, prompt, cfg), gen, share in zip(RUNS, gens, sharing):
+        solo = alone(target, draft, kind, prompt, cfg)
+        assert gen.tokens == solo.tokens, kind
+        if cfg.sampling.greedy:  # the promise: the target's own greedy text
+            assert gen.tokens == drain(autoregressive_generate(target, TOK, prompt, greedy(cfg.max_new_tokens))).tokens
+        if not cfg.adaptive:  # every draw replays (the adaptive policy reads timings, which sharing changes)
+            assert [r.uniforms for r in gen.rounds] == [r.uniforms for r in solo.rounds]
+        assert share.most > 1  # it really shared passes
+    assert max(s.most for s in sharing) == len(RUNS)
+
+
+def test_a_target_whose_rows_depend_on_the_pass_is_served_one_run_per_forward(draft):
+    plain = aligned_lm(0, packed=False)
+    found = batch_exactness(plain)
+    if found.exact:
+        pytest.skip("torch's plain linears are row-invariant on this CPU: nothing to refuse here")
+    assert "one per forward" in found.reason
+    gens, sharing, _ = run_together([program(plain, draft, *r) for r in RUNS[:4]], plain)
+    assert all(s.most == 1 for s in sharing)  # never packed...
+    for (kind, prompt, cfg), gen in zip(RUNS[:4], gens):
+        assert gen.tokens == alone(plain, draft, kind, prompt, cfg).tokens  # ...and still each run's own result
+
+
+def test_a_failing_or_cancelled_run_leaves_the_others_untouched(target, draft):
+    def broken():
+        yield from autoregressive_program(target, TOK, [1, 2, 3], greedy(3))
+        raise RuntimeError("this run breaks after its last round")
+
+    batch = Batch()
+    batch.add("ok", program(target, draft, *RUNS[0]), target)
+    batch.add("bad", broken(), target)
+    batch.add("gone", program(target, draft, *RUNS[3]), target)
+    outcomes = {}
+    batch.tick()
+    batch.cancel("gone")
+    while batch.active:
+        for o in batch.tick():
+            outcomes[o.key] = o
+    assert set(outcomes) == {"ok", "bad"}
+    assert isinstance(outcomes["bad"].error, RuntimeError)
+    assert outcomes["ok"].generation.tokens == alone(target, draft, *RUNS[0]).tokens
+
+
+def test_a_pass_that_fails_packed_is_answered_run_by_run(target, draft, monkeypatch):
+    """A forward that raises for the packed pass (say, out of memory) is undone and retried alone for each run."""
+    from specviz.core import forward as fwd
+    from specviz.serve import batch as batch_module
+
+    real = fwd.forward
+
+    def fails_when_packed(model, feeds):
+        if len(feeds) > 1 and model is target:
+            real(model, feeds)  # the caches are extended, then it fails: the executor must crop them back
+            raise MemoryError("no room for the packed pass")
+        return real(model, feeds)
+
+    monkeypatch.setattr(batch_module, "forward", fails_when_packed)
+    gens, sharing, _ = run_together([program(target, draft, *r) for r in RUNS[:4]], target)
+    for (kind, prompt, cfg), gen in zip(RUNS[:4], gens):
+        assert gen.tokens == alone(target, draft, kind, prompt, cfg).tokens
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_pair_runs_together_match_alone_and_the_targets_greedy_text(qwen_pair):
+    """Default pair, default precision: six runs with different prompts, drafters and modes share passes; each equals itself alone."""
+    pair = qwen_pair
+    found = batch_exactness(pair.target)
+    assert found.exact, found.reason
+    enc = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in (
+        "def fibonacci(n):", "Shopping list:\n1.", "Once upon a time, in a quiet village by the sea, there lived",
+        "SELECT name FROM pupils WHERE", "The capital of France is", "for i in range(10):")]
+    tree = TreeConfig()
+    runs = [
+        (make_drafter("model", pair.draft), enc[0], greedy(12)),
+        (make_drafter("tree", pair.draft, tree=tree), enc[1], greedy(10)),
+        (make_drafter("ngram", None), enc[2], greedy(9)),
+        (None, enc[3], greedy(8)),
+        (make_drafter("model", pair.draft), enc[4], sampled(8, seed=2)),
+        (make_drafter("model", pair.draft, adaptive=True), enc[5], greedy(11, gamma=8, adaptive=True)),
+    ]
+
+    def prog(d, ids, cfg):
+        if d is None:
+            return autoregressive_program(pair.target, pair.tokenizer, ids, cfg, pair.eos_ids)
+        return speculative_program(pair.target, d, pair.tokenizer, ids, cfg, pair.eos_ids)
+
+    gens, sharing, _ = run_together([prog(*r) for r in runs], pair.target)
+    assert max(s.most for s in sharing) == 6
+    for (d, ids, cfg), gen in zip(runs, gens):
+        target_only = drain(autoregressive_generate(pair.target, pair.tokenizer, ids, cfg, pair.eos_ids))
+        if cfg.sampling.greedy:
+            assert gen.tokens == target_only.tokens  # the promise, on real weights, through shared passes
+        else:  # sampled: the int8 draft's q may move in its last bits when batched, so compare the law, below
+            assert len(gen.tokens) == cfg.max_new_tokens
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
+    """Default pair: 400 sampled speculative runs of 2 tokens, 16 at a time, against the target's exact law (the Same answer lab's test)."""
+    from collections import Counter
+
+    from specviz.labs.same_answer import SampleConfig, SampleCounts, exact_law, fit_test, target_memo
+    pair = qwen_pair
+    found = batch_exactness(pair.target)
+    if not found.exact:
+        pytest.skip(found.reason)
+    sampling = SamplingConfig("sample", temperature=0.8, top_p=0.95)
+    ids = pair.tokenizer("My favourite colour is", add_special_tokens=False)["input_ids"]
+    cfg = SampleConfig(sampling, n_samples=400, n_tokens=2)
+    drafter = make_drafter("model", pair.draft)
+    programs = [speculative_program(pair.target, drafter, pair.tokenizer, ids, GenerationConfig(
+        max_new_tokens=2, gamma=3, sampling=SamplingConfig("sample", temperature=0.8, top_p=0.95, seed=s),
+        trace_top_n=1, stop_at_eos=False)) for s in range(cfg.n_samples)]
+    gens, sharing, _ = run_together(programs, pair.target)
+    assert max(s.most for s in sharing) == 16
+    assert sum(g.drafted for g in gens) > 0  # the rule was exercised
+    law = drain(exact_law(target_memo(pair.target, sampling), pair.tokenizer, ids, cfg))
+    seen = Counter(g.tokens for g in gens)
+    counts = SampleCounts("speculative", "exact", tuple(seen.most_common()), cfg.n_samples, 0.0, 0, 0, 0, 0)
+    test = fit_test(law, counts)
+    assert test.n_bins >= 5 and test.pvalue > 1e-3, test
