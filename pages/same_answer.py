@@ -147,7 +147,7 @@ def _shown(token: str) -> str:
 def _gap_line(cmp: GreedyComparison) -> str | None:
     """Where the runs part: what each picked and how close the target's own top two were there (escaped text)."""
     d = cmp.gap
-    if d is None:
+    if d is None or d.top2_gap is None:  # identical, or one run ended first: no pair of picks to weigh
         return None
     i = d.position
     spec = _shown(cmp.spec_texts[i]) if i < len(cmp.spec_texts) else "(the end)"

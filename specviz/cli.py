@@ -360,17 +360,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _divergence(pair: Any, prompt_ids: list[int], spec: Any, base: Any) -> dict[str, Any] | None:
     """The first position where a greedy speculative run left the target's own text, with the target's top-2 gap there."""
-    from specviz.core.divergence import first_divergence
+    from specviz.core.divergence import divergence_with_gap
 
-    d = first_divergence(pair.target, prompt_ids, spec.tokens, base.tokens)
+    d = divergence_with_gap(pair.target, prompt_ids, spec.tokens, base.tokens)
     if d is None:
         return None
-    decode = pair.tokenizer.decode
-    return {
+
+    def token(i: int | None) -> dict[str, Any]:
+        return {"id": i, "text": "(ended)" if i is None else pair.tokenizer.decode([i])}
+
+    return {  # the gaps are None where one run had ended there (no pair of tokens to weigh)
         "position": d.position,
-        "speculative": {"id": d.speculative_id, "text": decode([d.speculative_id])},
-        "baseline": {"id": d.baseline_id, "text": decode([d.baseline_id])},
-        "top_ids": list(d.top_ids),
+        "speculative": token(d.speculative_id),
+        "baseline": token(d.baseline_id),
+        "top_ids": None if d.top_ids is None else list(d.top_ids),
         "top2_gap": _num(d.top2_gap, 6),
         "pair_gap": _num(d.pair_gap, 6),
     }
@@ -426,7 +429,8 @@ def print_human(res: dict[str, Any]) -> None:
         if d:
             print(f"first divergence at new token {d['position']}: speculative {_tok(d['speculative']['text'])}, "
                   f"target alone {_tok(d['baseline']['text'])}; the target's top-2 logit gap there is "
-                  f"{d['top2_gap']:.2g} (target precision {res.get('target_precision')} is not bit-exact here)")
+                  f"{'-' if d['top2_gap'] is None else format(d['top2_gap'], '.2g')} "
+                  f"(target precision {res.get('target_precision')} is not bit-exact here)")
     if res.get("target_precision"):
         print(f"precision: target {res['target_precision']}, draft {res['draft_precision']}"
               + ("" if res.get("bit_exact") else " (target not bit-exact here)"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specviz.core import metrics
+from specviz.core.divergence import Divergence, first_divergence
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace
 
@@ -86,10 +87,10 @@ def test_greedy_identity_and_first_divergence_with_both_tokens():
     assert same.identical is True and same.divergence is None
     differ = metrics.compare(_gen([_round(4, 4)], (5, 6, 99, 8, 9, 10), 10.0), base)
     assert differ.identical is False
-    assert differ.divergence == metrics.Divergence(2, 99, 7) and differ.first_divergence == 2
-    shorter = metrics.first_divergence((5, 6), (5, 6, 7))
-    assert shorter == metrics.Divergence(2, None, 7)
-    assert metrics.first_divergence((1, 2), (1, 2)) is None
+    assert differ.divergence == Divergence(2, 99, 7) and differ.first_divergence == 2
+    shorter = first_divergence((5, 6), (5, 6, 7))
+    assert shorter == Divergence(2, None, 7)
+    assert first_divergence((1, 2), (1, 2)) is None
     sampled = metrics.compare(_gen([_round(4, 4)], (1,), 10.0, mode="sample"), base)
     assert sampled.identical is None and sampled.divergence is None  # sampled runs are not token-comparable
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specviz.core.divergence import Divergence, first_divergence
 from specviz.core.trace import Generation, RoundTrace
 
 
@@ -147,26 +148,6 @@ def speedup_with_verify_cost(alpha: float, gamma: float, c: float, fit: VerifyFi
 # ------------------------------------------------------------------------------------------
 # The one comparison record
 # ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where two greedy runs first part: the position and both tokens (None past a run's end)."""
-
-    position: int  # 0-based index into the new tokens
-    spec_token: int | None
-    baseline_token: int | None
-
-
-def first_divergence(spec: Sequence[int], baseline: Sequence[int]) -> Divergence | None:
-    """The first position where the token lists differ (a length difference counts), or None."""
-    for i, (a, b) in enumerate(zip(spec, baseline)):
-        if a != b:
-            return Divergence(i, a, b)
-    if len(spec) == len(baseline):
-        return None
-    i = min(len(spec), len(baseline))
-    return Divergence(i, spec[i] if i < len(spec) else None, baseline[i] if i < len(baseline) else None)
 
 
 @dataclass(frozen=True)

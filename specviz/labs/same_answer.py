@@ -16,13 +16,13 @@ from scipy.stats import chisquare
 from specviz.app.policy import bounded
 from specviz.app.settings import Settings
 from specviz.core import divergence
+from specviz.core.divergence import first_divergence
 from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.rounds import Steps, TokenTexts, solo
 from specviz.core.trace import GAMMA_RANGE, GenerationConfig
 from specviz.core.kv import CachedLM
 from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_samples  # noqa: F401 (the page's ranges)
-from specviz.core.metrics import first_divergence
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, draft_q, logits_to_probs
 from specviz.models.precision import batch_variant_twin
@@ -106,7 +106,7 @@ def greedy_comparison(
         drafter=spec.drafter, gamma=config.gamma, target_calls_spec=spec.target_calls,
         target_calls_plain=plain.target_calls, drafted=spec.drafted, accepted=spec.accepted,
         spec_ms=spec.decode_ms, plain_ms=plain.decode_ms,
-        gap=divergence.first_divergence(target, prompt_ids, spec.tokens, plain.tokens), batch_variant=batch_variant,
+        gap=divergence.divergence_with_gap(target, prompt_ids, spec.tokens, plain.tokens), batch_variant=batch_variant,
     )
 
 
