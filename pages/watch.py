@@ -218,8 +218,8 @@ def _handle_play(pair: Any, prompt: Prompt, s: Settings) -> None:
     if not ss.pop(P + "play_request", False):
         return
     old, new = _ref(), watch.run_ref(pair.spec.name, prompt.text, s)
-    busy = jobs.submit({new.spec_key: lambda: watch.speculative_steps(pair, prompt.ids, s),
-                        new.plain_key: lambda: watch.baseline_steps(pair, prompt.ids, s)})
+    busy = jobs.submit({new.spec_key: lambda: watch.speculative_run(pair, prompt.ids, s),
+                        new.plain_key: lambda: watch.baseline_run(pair, prompt.ids, s)}, shared=True)
     if busy:
         ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
         ss[P + "playing"] = False
@@ -385,9 +385,44 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
                             "Leviathan's expected speed-up is for chains, so it is not shown for trees.")
         else:
             _expected_metrics(d2c, d3c, textbook, with_cost, L)
+    if final is not None:
+        _sharing_line(spec, plain, final.speedup, s)  # type: ignore[arg-type]
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
                lambda: watch_view.running_figure(points, L, font_size(s)))
+
+
+@st.cache_resource(show_spinner=False)
+def _alone_record() -> watch.AloneRecord:
+    """One per server: what each pair and settings gave when its run had the server to itself."""
+    return watch.AloneRecord()
+
+
+def _sharing_line(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -> None:
+    """How many runs shared this run's target passes, how both were timed, and (D5) the pair's figure on a free server."""
+    ref = _ref()
+    if ref is None:
+        return
+    shared = _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup)
+    if shared is None:
+        return
+    if shared.most <= 2:
+        line = ("The server had nothing else to do: this run and its plain twin shared the big model's passes only "
+                "with each other.")
+    else:
+        line = (f"A shared server: each big-model pass of this run and its plain twin served **{shared.runs_per_pass:.1f} "
+                f"runs** at once on average (at most {shared.most}), other pupils' runs included.")
+    if s.level == "d5":
+        line += (" Both runs are timed by the passes they took part in (a shared pass counts in full for each run in "
+                 "it; waiting for other runs' draft passes does not count), so the speed-up compares them under the "
+                 "same sharing.")
+        if shared.most > 2:
+            alone = (f" On this server with nobody else running, these settings gave **{shared.alone_speedup:.2f}×** "
+                     f"(prompt: {shown(shared.alone_prompt or '')[:60]})." if shared.alone_speedup else
+                     " This server has not yet run these settings with nobody else running, so there is no "
+                     "free-server figure to put beside it.")
+            line += alone
+    st.caption(line)
 
 
 def _expected_metrics(left: Any, right: Any, textbook: float | None, with_cost: float | None, L: Any) -> None:

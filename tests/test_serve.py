@@ -227,3 +227,107 @@ def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
     counts = SampleCounts("speculative", "exact", tuple(seen.most_common()), cfg.n_samples, 0.0, 0, 0, 0, 0)
     test = fit_test(law, counts)
     assert test.n_bins >= 5 and test.pvalue > 1e-3, test
+
+
+# ------------------------------------------------------------------------------------------
+# The server's runner: shared runs in one batch, labs alone, bounded memory
+# ------------------------------------------------------------------------------------------
+
+
+def _wait(cond, timeout=60.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _shared(target, draft, kind, prompt, cfg):
+    from specviz.serve.batch import SharedRun
+
+    return lambda: SharedRun(program(target, draft, kind, prompt, cfg), target)
+
+
+def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(target, draft):
+    import threading
+
+    from specviz.app.runner import Runner
+
+    runner = Runner(str)
+    first = runner.submit("a", _shared(target, draft, "none", [1, 2, 3], greedy(60)), shared=True)
+    assert _wait(lambda: len(first.view().rounds) >= 2)  # running...
+    joined = [runner.submit(("r", i), _shared(target, draft, *r), shared=True) for i, r in enumerate(RUNS)]
+    assert _wait(lambda: all(j.view().finished for j in [first, *joined]))
+    for j, r in zip(joined, RUNS):
+        view = j.view()
+        assert view.state == "done" and view.generation.tokens == alone(target, draft, *r).tokens
+        assert len(view.rounds) == len(view.generation.rounds)  # every round was streamed as it happened
+        assert view.sharing.most > 1
+    assert first.view().sharing.most > 1  # ...they joined the run that was already going
+
+    gate, seen = threading.Event(), []
+
+    def lab():
+        seen.append(runner.sharing_now())  # alone: no shared run is advancing now
+        gate.wait(10)
+        yield 0
+        return "lab"
+
+    before = runner.submit("b", _shared(target, draft, "none", [4, 5], greedy(40)), shared=True)
+    lab_job = runner.submit("lab", lab)
+    after = runner.submit("c", _shared(target, draft, "none", [6], greedy(5)), shared=True)
+    assert _wait(lambda: lab_job.view().state == "running")
+    assert before.view().finished and after.view().state == "queued"  # first come, first served
+    gate.set()
+    assert _wait(lambda: after.view().finished) and seen == [0]
+
+
+def test_a_stopped_shared_run_leaves_the_batch_and_the_others_finish(target, draft):
+    from specviz.app.runner import Runner
+
+    runner = Runner(str)
+    long = runner.submit("long", _shared(target, draft, "none", [1, 2], greedy(200)), shared=True)
+    other = runner.submit("other", _shared(target, draft, *RUNS[0]), shared=True)
+    assert _wait(lambda: len(long.view().rounds) >= 3)
+    long.cancel()
+    assert _wait(lambda: long.view().finished and other.view().finished)
+    assert long.view().state == "cancelled" and len(long.view().rounds) < 200
+    assert other.view().generation.tokens == alone(target, draft, *RUNS[0]).tokens
+
+
+def _rss_mb() -> float:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.slow
+def test_300_runs_in_a_row_leave_the_servers_memory_where_it_was(target, draft):
+    """Soak: 300 speculative runs with their baselines, several at a time, through one runner; RSS grows <= 50 MB."""
+    import gc
+
+    from specviz.app.runner import Runner
+
+    runner = Runner(str, max_jobs=160)
+
+    def wave(start, n):
+        jobs = []
+        for i in range(start, start + n):
+            prompt = [1 + i % 50, 2 + i % 7, 3]
+            jobs.append(runner.submit(("s", i), _shared(target, draft, "model", prompt, greedy(12)), shared=True))
+            jobs.append(runner.submit(("p", i), _shared(target, draft, "none", prompt, greedy(12)), shared=True))
+        assert _wait(lambda: all(j.view().finished for j in jobs), timeout=300)
+        assert all(j.view().state == "done" for j in jobs)
+
+    for start in range(0, 60, 12):  # warm up: allocator pools, the finished-job records up to max_jobs
+        wave(start, 12)
+    gc.collect()
+    before = _rss_mb()
+    for start in range(60, 360, 12):
+        wave(start, 12)
+    gc.collect()
+    assert _rss_mb() - before <= 50

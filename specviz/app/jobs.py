@@ -18,10 +18,9 @@ from specviz.app import policy as policy_rules
 from specviz.app.pairs import user_error
 from specviz.app.runner import Job, JobView, OwnerBusy, Runner, RunnerBusy
 from specviz.app.sidebar import current_policy
-from specviz.core.progress import JobSteps
 
 Key = tuple[Any, ...]
-Make = Callable[[], JobSteps]
+Make = Callable[[], Any]  # JobSteps, or a SharedRun for a shared job
 POLL_S = 1.0  # seconds between status redraws while a job waits or runs
 
 
@@ -67,9 +66,10 @@ def _room_for(keys: Iterable[Key], owner: str, limit: int) -> None:
         raise OwnerBusy.waiting(waiting)
 
 
-def submit(tasks: Mapping[Key, Make]) -> str | None:
+def submit(tasks: Mapping[Key, Make], shared: bool = False) -> str | None:
     """Queue all tasks or none, as this browser and within its share of waiting runs (an existing job for a
-    key is reused, a failed or stopped one queued again).
+    key is reused, a failed or stopped one queued again). `shared`: the tasks make SharedRuns, advanced in the
+    server's batch with other pupils' runs (else each runs alone).
 
     Returns None, or the sentence to show when the queue (or this browser's share of it) is full.
     """
@@ -77,7 +77,7 @@ def submit(tasks: Mapping[Key, Make]) -> str | None:
     try:
         _room_for(tasks, owner, limit)
         for key, make in tasks.items():
-            runner().submit(key, make, owner=owner, owner_limit=limit)
+            runner().submit(key, make, owner=owner, owner_limit=limit, shared=shared)
     except RunnerBusy as exc:
         return f"The server is busy: {exc}."
     return None

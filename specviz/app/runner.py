@@ -1,4 +1,4 @@
-"""Background model loading and model jobs for a server: thread-safe, bounded, one model run at a time."""
+"""Background model loading and model jobs for a server: thread-safe, bounded; generation runs share passes in one batch, timing labs run alone."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from specviz.core.progress import JobSteps, Progress
+from specviz.serve.batch import Batch, Outcome, SharedRun, Sharing
 
 LoadStatus = Literal["loading", "ready", "failed"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -120,6 +121,7 @@ class JobView:
     rounds: tuple[Any, ...]  # every yielded item: RoundTraces of a generation, Progress of a lab job
     generation: Any  # the returned result (a Generation for generation jobs) once done
     error: str | None
+    sharing: Sharing | None = None  # a shared run, once done: how many runs its target passes served
 
     @property
     def finished(self) -> bool:
@@ -137,22 +139,29 @@ class JobView:
 
 
 class Job:
-    """One job drained in the worker thread; its yielded items appear here as they are made."""
+    """One job of the worker thread; its yielded items appear here as they are made.
 
-    def __init__(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None) -> None:
+    A job made with `shared=True` builds a SharedRun (a generation's program and its target): the
+    worker advances it in one batch with the other shared runs. Any other job runs alone, drained.
+    """
+
+    def __init__(self, key: Hashable, make: Callable[[], Any], owner: Hashable | None = None,
+                 shared: bool = False) -> None:
         self.key = key
         self.owner = owner  # who asked first (a browser id): counts towards that browser's waiting runs
+        self.shared = shared
         self._make = make
         self._lock = threading.Lock()
         self._rounds: list[Any] = []
         self._state: JobState = "queued"
         self._generation: Any = None
         self._error: str | None = None
+        self._sharing: Sharing | None = None
         self._cancel = threading.Event()
 
     def view(self) -> JobView:
         with self._lock:
-            return JobView(self._state, tuple(self._rounds), self._generation, self._error)
+            return JobView(self._state, tuple(self._rounds), self._generation, self._error, self._sharing)
 
     def cancel(self) -> None:
         """Stop after the current round (a queued job never starts)."""
@@ -193,18 +202,51 @@ class Job:
         with self._lock:
             self._state = state
 
+    def start_shared(self, user_error: Callable[[BaseException], str]) -> SharedRun | None:
+        """Build the run for the batch (None, with the job marked, if it was stopped or could not be built)."""
+        if self._cancel.is_set():
+            self._set_state("cancelled")
+            return None
+        try:
+            run = self._make()
+        except BaseException as exc:  # noqa: BLE001 - shown to the user as one line
+            with self._lock:
+                self._error, self._state = user_error(exc), "failed"
+            return None
+        finally:
+            self._make = None  # type: ignore[assignment]  # its closure holds the models: a released pair must be freeable
+        self._set_state("running")
+        return run
+
+    def publish(self, item: Any) -> None:
+        with self._lock:
+            self._rounds.append(item)
+
+    def end(self, outcome: Outcome | None, user_error: Callable[[BaseException], str]) -> None:
+        """A shared run left the batch: done, failed, or (outcome None) stopped."""
+        with self._lock:
+            if outcome is None:
+                self._state = "cancelled"
+            elif outcome.error is not None:
+                self._error, self._state = user_error(outcome.error), "failed"
+            else:
+                self._generation, self._sharing, self._state = outcome.generation, outcome.sharing, "done"
+
 
 class Runner:
-    """Runs jobs one at a time in a single worker thread (honest timings on a small CPU).
+    """One worker thread: generation runs advance together in one batch (continuous batching), other jobs run alone.
 
     Jobs are keyed: submitting a key that is queued, running or done returns the same job,
-    so a view change or a second viewer never re-runs a model. At most `max_queued` jobs wait
-    (more raise RunnerBusy, so a crowd cannot pile up hours of work) and at most
-    `max_jobs` are kept, finished ones evicted oldest first.
+    so a view change or a second viewer never re-runs a model. Jobs start first come, first
+    served: shared runs join the batch between ticks while it has room; a job that must run alone
+    (a timing lab) waits until the batch has drained, then has the models to itself. At most
+    `max_queued` jobs wait (more raise RunnerBusy, so a crowd cannot pile up hours of work) and at
+    most `max_jobs` are kept, finished ones evicted oldest first.
     """
 
     # A class of 30 pressing Play at once queues 60 jobs (each run brings its target-only baseline).
-    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 160, max_queued: int = 72) -> None:
+    def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 160, max_queued: int = 72,
+                 max_batch: int = 40) -> None:
         self._user_error = user_error
         self._max_jobs = max_jobs
         self._max_queued = max_queued
@@ -212,11 +254,13 @@ class Runner:
         self._jobs: OrderedDict[Hashable, Job] = OrderedDict()
         self._pending: deque[Job] = deque()
         self._running: Job | None = None
+        self._batch = Batch(max_runs=max_batch)
+        self._members: dict[int, Job] = {}  # the shared runs in the batch, by id(job)
         self._worker = threading.Thread(target=self._work, daemon=True, name="specviz-runner")
         self._worker.start()
 
-    def submit(self, key: Hashable, make: Callable[[], JobSteps], owner: Hashable | None = None,
-               owner_limit: int | None = None) -> Job:
+    def submit(self, key: Hashable, make: Callable[[], Any], owner: Hashable | None = None,
+               owner_limit: int | None = None, shared: bool = False) -> Job:
         """The job for `key`, created and queued if there is none (or the last one failed or was stopped).
 
         With an `owner`, at most `owner_limit` of its new jobs wait at once (OwnerBusy beyond that);
@@ -232,7 +276,7 @@ class Runner:
                                  "please try again in a minute")
             if owner is not None and owner_limit is not None and self._waiting(owner) >= owner_limit:
                 raise OwnerBusy.waiting(self._waiting(owner))
-            job = self._jobs[key] = Job(key, make, owner)
+            job = self._jobs[key] = Job(key, make, owner, shared)
             self._evict()
             self._pending.append(job)
             self._lock.notify()
@@ -248,7 +292,12 @@ class Runner:
         with self._lock:
             if job not in self._pending:
                 return 0
-            return self._pending.index(job) + (self._running is not None)
+            return self._pending.index(job) + (self._running is not None or bool(self._members))
+
+    def sharing_now(self) -> int:
+        """Runs advancing together in the batch at this moment."""
+        with self._lock:
+            return len(self._members)
 
     def queued(self) -> int:
         """Jobs waiting, not counting the one running."""
@@ -270,12 +319,51 @@ class Runner:
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                while not self._pending:
-                    self._lock.wait()
-                job = self._running = self._pending.popleft()
+            job = self._next_alone()
+            if job is None:
+                self._tick()
+                continue
             try:
                 job.run(self._user_error)
             finally:
                 with self._lock:
                     self._running = None
+
+    def _next_alone(self) -> Job | None:
+        """Admit the shared runs at the head of the queue into the batch; the job to run alone once the batch is empty
+        and such a job is next (None: tick the batch). Blocks while there is nothing to do."""
+        with self._lock:
+            while True:
+                while self._pending and self._pending[0].shared and self._batch.room > 0:
+                    self._admit(self._pending.popleft())
+                if self._members:
+                    return None
+                if self._pending:
+                    job = self._running = self._pending.popleft()
+                    return job
+                self._lock.wait()
+
+    def _admit(self, job: Job) -> None:
+        """Build a shared run and put it in the batch (called with the lock held; building runs no model)."""
+        run = job.start_shared(self._user_error)
+        if run is not None:
+            self._batch.add(id(job), run.program, run.target, job.publish)
+            self._members[id(job)] = job
+
+    def _tick(self) -> None:
+        """One batch tick; stopped runs leave first, finished ones after."""
+        for key, job in list(self._members.items()):
+            if job.cancelled:
+                self._batch.cancel(key)
+                job.end(None, self._user_error)
+                with self._lock:
+                    del self._members[key]
+        try:
+            outcomes = self._batch.tick()
+        except BaseException as exc:  # noqa: BLE001 - a bug in the executor itself: fail its runs, keep the server
+            outcomes = [Outcome(key, None, exc, Sharing(0, 0, 0)) for key in self._members]
+            self._batch.runs.clear()
+        for outcome in outcomes:
+            with self._lock:
+                job = self._members.pop(outcome.key)  # type: ignore[call-overload]
+            job.end(outcome, self._user_error)

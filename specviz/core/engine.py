@@ -8,7 +8,6 @@ and `specviz.serve` answers many runs' feeds in one forward. Both give each run 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -16,7 +15,9 @@ import torch
 
 from specviz.core.adaptive import AdaptiveGamma
 from specviz.core.forward import Feed, forward
-from specviz.core.rounds import CachedTarget, Drafter, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, ms_since
+from specviz.core import clock
+from specviz.core.clock import ms_since
+from specviz.core.rounds import CachedTarget, Drafter, Round, RunTools, TargetAlone, TargetProbs, TokenTexts
 from specviz.core.sampling import AcceptRule, verify_draft
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace, StopReason
 
@@ -147,10 +148,10 @@ def run_program(
     ids, rounds = list(prompt_ids), []
     stop: StopReason | None = None
 
-    t0 = time.perf_counter()
+    t0 = clock.now()
     yield from tools.target.prefill(ids)
     yield from session.prefill(ids)
-    prefill_ms, t_decode = ms_since(t0), time.perf_counter()
+    prefill_ms, t_decode = ms_since(t0), clock.now()
 
     while stop is None:
         produced = len(ids) - len(prompt_ids)

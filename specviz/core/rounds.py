@@ -9,13 +9,14 @@ one interface (`RoundSession.round`), so the decoding loop knows no drafter kind
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import torch
 
+from specviz.core import clock
+from specviz.core.clock import ms_since
 from specviz.core.forward import Feed, forward
 from specviz.core.kv import TreeLM
 from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs
@@ -65,10 +66,6 @@ def top_dist(probs: torch.Tensor, n: int, texts: TokenTexts) -> TopDist:
     keep = values > 0
     ids_l, vals_l = ids[keep].tolist(), values[keep].tolist()
     return TopDist(tuple(ids_l), tuple(vals_l), texts(ids_l))
-
-
-def ms_since(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
 
 
 class TargetProbs(Protocol):
@@ -155,10 +152,10 @@ class ChainSession(Protocol):
 def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[RoundTrace]:
     """Draft up to γ tokens, verify them in one target pass, keep the agreed prefix plus one token, and record it."""
     k_max = max(0, min(r.gamma, r.budget - 1))  # never draft past the budget
-    t = time.perf_counter()
+    t = clock.now()
     draft = (yield from session.propose_steps(r.ids, k_max, tools.generator)) if k_max else Draft((), torch.zeros(0, tools.vocab))
     draft_ms = ms_since(t) if k_max else 0.0
-    t = time.perf_counter()
+    t = clock.now()
     p = yield from tools.target.probs(r.ids + draft.tokens, len(draft.tokens) + 1)  # (k+1, V)
     toks = torch.tensor(draft.tokens, dtype=torch.long, device=p.device)
     verdict = tools.rule(p, draft.q.to(p.device), toks, tools.generator)

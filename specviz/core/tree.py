@@ -9,14 +9,15 @@ branch, gathered from the entries already computed (nothing is recomputed).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from specviz.core import clock
+from specviz.core.clock import ms_since
 from specviz.core.kv import TreeLM
-from specviz.core.rounds import CachedTarget, Round, RunTools, Steps, TargetAlone, ms_since, solo, top_dist
+from specviz.core.rounds import CachedTarget, Round, RunTools, Steps, TargetAlone, solo, top_dist
 from specviz.core.sampling import SamplingConfig, fit_vocab, logits_to_probs, sample_from
 from specviz.core.trace import RoundTrace, TreeNode, TreeTrace
 from specviz.core.tree_rule import DraftTree, TreeVerdict, verify_tree
@@ -182,10 +183,10 @@ class TreeSession:
         target = tools.target
         if not isinstance(target, CachedTarget):
             raise ValueError("a tree drafter needs the target's own tree cache (other target_probs serve chains only)")
-        t = time.perf_counter()
+        t = clock.now()
         tree = yield from self.propose_tree_steps(r.ids, r.budget - 1, tools.generator)  # depth bounded by the budget, not by γ
         draft_ms = ms_since(t)
-        t = time.perf_counter()
+        t = clock.now()
         p = yield from target.tree_probs(r.ids, tree.tokens, tree.parents)  # (n+1, V)
         verdict = verify_tree(p, tree, tools.generator)
         target.commit(verdict.path)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specviz.app.settings import Settings
 from specviz.core.drafters import make_drafter
-from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.progress import JobSteps
+from specviz.core.engine import autoregressive_program, speculative_program
+from specviz.serve.batch import SharedRun, Sharing
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,63 @@ def run_ref(pair: str, prompt: str, s: Settings) -> RunRef:
                   ("watch.plain", pair, prompt, s.baseline_config()), prompt, s)
 
 
-def speculative_steps(pair: Any, prompt_ids: Sequence[int], s: Settings) -> JobSteps:
-    """The speculative run: yields a RoundTrace per round, returns the Generation."""
+def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun:
+    """The speculative run, for the server's batch: yields a RoundTrace per round, returns the Generation."""
     drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
-    return speculative_generate(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
-                                pair.eos_ids)
+    return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
+                                         pair.eos_ids), pair.target)
 
 
-def baseline_steps(pair: Any, prompt_ids: Sequence[int], s: Settings) -> JobSteps:
-    """The target alone, one token per step, with the same decoding: the run the speed-up is measured against."""
-    return autoregressive_generate(pair.target, pair.tokenizer, list(prompt_ids), s.baseline_config(), pair.eos_ids)
+def baseline_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun:
+    """The target alone, one token per step, with the same decoding: the run the speed-up is measured against.
+
+    It shares the batch with its speculative run (both are submitted together), so both are timed
+    under the same sharing."""
+    return SharedRun(autoregressive_program(pair.target, pair.tokenizer, list(prompt_ids), s.baseline_config(),
+                                            pair.eos_ids), pair.target)
+
+
+# ------------------------------------------------------------------------------------------
+# A run on a shared server: how many runs shared its passes, and the pair's figure alone
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """What the page says about sharing once both runs are done."""
+
+    runs_per_pass: float  # mean runs in the target passes of this run and its baseline, both included (2 = nobody else)
+    most: int  # the most runs one of those passes served
+    alone_speedup: float | None  # the latest speed-up of the same pair and settings measured while no other pupil ran
+    alone_prompt: str | None  # the prompt of that measurement
+
+
+def _pair_settings(pair: str, s: Settings) -> tuple[Any, ...]:
+    return pair, s.drafter, s.gamma, s.adaptive, s.sampling.mode
+
+
+class AloneRecord:
+    """The speed-up each pair and settings gave when its run and baseline had the server to themselves (one per server)."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._found: OrderedDict[tuple[Any, ...], tuple[float, str]] = OrderedDict()
+        self._max = max_entries
+
+    def shared(self, ref: RunRef, pair: str, spec: Sharing | None, plain: Sharing | None,
+               speedup: float | None) -> SharedServer | None:
+        """The sharing of a finished run and its baseline; a run that had the server alone is remembered."""
+        if spec is None or plain is None:
+            return None
+        key = _pair_settings(pair, ref.settings)
+        passes = spec.passes + plain.passes
+        mean = (spec.runs_total + plain.runs_total) / passes if passes else 1.0
+        most = max(spec.most, plain.most)
+        with self._lock:
+            if most <= 2 and speedup is not None:  # only each other: the run and its own baseline
+                self._found[key] = (speedup, ref.prompt)
+                self._found.move_to_end(key)
+                while len(self._found) > self._max:
+                    self._found.popitem(last=False)
+            alone = self._found.get(key)
+        return SharedServer(round(mean, 1), most, alone[0] if alone else None, alone[1] if alone else None)

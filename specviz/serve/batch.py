@@ -6,7 +6,8 @@ drafts — every run that wants the draft model gets its rows in one draft forwa
 again until no run is drafting — then every run that wants the target gets its rows in one
 target forward. So a class's γ-token drafts cost γ shared draft passes and one shared verify
 pass, and target-only baselines ride along one token per tick. Runs join and leave between
-ticks. Each run keeps its own caches and attends over its own positions only (core.forward);
+ticks. Each run keeps its own caches and attends over its own positions only (core.forward),
+and is timed by its own clock (core.clock: the passes it took part in, not the wait for others');
 the target packs runs only where `serve.exact` measured that this changes no bit, and never more
 than the rows it checked; elsewhere each run gets a forward of its own, and `note` says so.
 """
@@ -20,12 +21,21 @@ from typing import Any
 
 import torch
 
+from specviz.core.clock import run_clock
 from specviz.core.engine import Program
 from specviz.core.forward import Feed, forward
 from specviz.core.trace import Generation, RoundTrace
 from specviz.serve.exact import MAX_ROWS, Exactness, batch_exactness
 
 MAX_RUNS = 16  # runs advancing together at most; more wait their turn (first come, first served)
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """What a server job hands the batch: a run's program and the target it verifies with."""
+
+    program: Program
+    target: torch.nn.Module
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class _Run:
     on_round: Callable[[RoundTrace], None]
     pending: Feed | None = None  # the pass it waits for
     answer: torch.Tensor | None = None  # the logits to send it next
+    busy_s: float = 0.0  # its clock: its own code and the passes that included its rows (core.clock)
     passes: int = 0
     runs_total: int = 0
     most: int = 0
@@ -126,13 +137,16 @@ class Batch:
         for chunk in _chunks(runs, self.max_rows if shared else 0):
             feeds: list[Feed] = [r.pending for r in chunk]  # type: ignore[misc]
             before = [_lengths(f.cache) for f in feeds] if len(feeds) > 1 else []
+            t0 = time.perf_counter()
             try:
                 answers: list[Any] = forward(feeds[0].model, feeds)
             except Exception as exc:  # noqa: BLE001 - one run's bad pass must not fail the others: undo, then each alone
                 answers = _one_by_one(feeds, before) if before else [exc]
-            target_pass = len(chunk) > 0 and chunk[0].pending.model is chunk[0].target  # type: ignore[union-attr]
+            target_pass = chunk[0].pending.model is chunk[0].target  # type: ignore[union-attr]
+            wall = time.perf_counter() - t0
             for r, a in zip(chunk, answers):
                 r.answer, r.pending = a, None
+                r.busy_s += wall  # a shared pass counts in full for every run in it
                 if target_pass:
                     r.passes, r.runs_total, r.most = r.passes + 1, r.runs_total + len(chunk), max(r.most, len(chunk))
 
@@ -147,7 +161,7 @@ class Batch:
                     answer, r.answer = r.answer, None
                     if isinstance(answer, BaseException):
                         raise answer
-                    item = r.program.send(answer)
+                    item = _resume(r, answer)
                     if isinstance(item, Feed):
                         r.pending = item
                         break
@@ -159,6 +173,16 @@ class Batch:
                 done.append(Outcome(r.key, None, exc, r.sharing()))
                 self.runs.remove(r)
         return done
+
+
+def _resume(r: _Run, answer: Any) -> Any:
+    """Run r's program to its next item, with r's clock running meanwhile."""
+    start, base = time.perf_counter(), r.busy_s
+    try:
+        with run_clock(lambda: base + time.perf_counter() - start):
+            return r.program.send(answer)
+    finally:
+        r.busy_s = base + time.perf_counter() - start
 
 
 def _chunks(runs: list[_Run], max_rows: int) -> list[list[_Run]]:
