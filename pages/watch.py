@@ -15,11 +15,9 @@ from specviz.app.runner import JobView
 from specviz.app.settings import Settings, shown
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import read_query, settings, write_page_query
-from specviz.core.trace import RoundTrace
 from specviz.labs import watch
-from specviz.labs.watch import RunRef
+from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
-from specviz.core.metrics import compare
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
 from specviz.app.settings import MAX_PROMPT_CHARS, cut_long_prompt
 from specviz.labs import how_far
@@ -350,8 +348,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     base = pb.baseline_ms_per_token(plain.rounds) if plain is not None and plain.state == "done" else None
     points = pb.settled(pb.running_points(shown, base))
     last = points[-1] if points else None
-    final = compare(spec.generation, plain.generation) if (
-        all_shown and spec.generation and plain is not None and plain.generation) else None
+    final = watch.comparison(spec.generation, plain.generation) if all_shown and plain is not None else None
     speed = final.speedup if final else (last.speedup if last else None)
     early = not final and shown and len(shown) < pb.SPEEDUP_FROM_ROUND
     if s.level == "d1":
@@ -371,8 +368,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     if s.level == "d5":
         d1c, d2c = _metric_slots(2, s)
         d3c, _ = _metric_slots(2, s)  # two per row: three abreast cut the labels in the narrow column
-        full = compare(spec.generation, plain.generation) if (
-            spec.generation and plain is not None and plain.generation) else None
+        full = watch.comparison(spec.generation, plain.generation if plain is not None else None)
         c = full.c if full else None
         textbook = full.expected_speedup if full else None  # both from the run's one Comparison record
         with_cost = full.expected_speedup_measured_verify if full else None
@@ -406,7 +402,10 @@ def _sharing_line(spec: JobView, plain: JobView, speedup: float | None, s: Setti
     shared = _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup)
     if shared is None:
         return
-    if shared.most <= 2:
+    if shared.most <= 1:
+        line = ("This server gives every run a big-model pass of its own (its target was not found to give the same "
+                "bits in shared passes), so this run and its plain twin took turns with any other runs.")
+    elif shared.most == 2:
         line = ("The server had nothing else to do: this run and its plain twin shared the big model's passes only "
                 "with each other.")
     else:
@@ -416,7 +415,7 @@ def _sharing_line(spec: JobView, plain: JobView, speedup: float | None, s: Setti
         line += (" Both runs are timed by the passes they took part in (a shared pass counts in full for each run in "
                  "it; waiting for other runs' draft passes does not count), so the speed-up compares them under the "
                  "same sharing.")
-        if shared.most > 2:
+        if shared.most > 2:  # a free-server figure is only worth showing beside a shared one
             alone = (f" On this server with nobody else running, these settings gave **{shared.alone_speedup:.2f}×** "
                      f"(prompt: {shown(shared.alone_prompt or '')[:60]})." if shared.alone_speedup else
                      " This server has not yet run these settings with nobody else running, so there is no "
@@ -549,7 +548,7 @@ def _race(ref: RunRef, s: Settings) -> None:
     end_ms = max(spec_tl.total_ms, plain_tl.total_ms)
     t0 = ss.get(P + "race_t0")
     racing = t0 is not None and (time.time() - t0) * 1000 < end_ms + 300
-    speedup = compare(spec.generation, plain.generation).speedup
+    speedup = watch.comparison(spec.generation, plain.generation).speedup  # type: ignore[union-attr]  # both done here
     if t0 is not None and not racing and speedup is not None:
         predict.reveal(P, predict_view.RACE, predict_view.reveal_race(speedup))
     elif t0 is None:

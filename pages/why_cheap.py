@@ -17,7 +17,6 @@ from specviz.viz import predict as predict_view
 from specviz.app.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
-from specviz.core.progress import JobSteps
 from specviz.labs.why_cheap import (
     GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchEffect, PassCost, PassCostConfig, Reference, batch_config,
     load_reference, measure_batch_effect, measure_pass_cost,
@@ -66,7 +65,7 @@ BATCH = Section("batch", ("Many stories at once", "Busy servers: the batch effec
                 "γ, the decoding mode, the repeats or the pair")
 
 
-def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], JobSteps],
+def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], Any],
                  note: str | None = None) -> Any:
     """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done."""
     st.subheader(sec.title[s.level != "d1"])

@@ -117,7 +117,7 @@ def tree_config(args: argparse.Namespace) -> Any:
 def check_sampling_arguments(args: argparse.Namespace) -> None:
     """Cheap checks, run before any model is loaded."""
     if args.prompt:
-        from specviz.app.settings import clean_prompt
+        from specviz.settings import clean_prompt
 
         args.prompt, notes = clean_prompt(args.prompt)
         for note in notes:

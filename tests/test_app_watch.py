@@ -297,21 +297,60 @@ def test_the_chosen_token_pill_stays_chosen_and_switching_shows_that_tokens_rule
         assert f"Drafted token {others[0] + 1}:" in html(at) and f"Drafted token {chosen + 1}:" not in html(at)
 
 
-def test_the_page_says_when_this_runs_draft_model_cannot_pay():
-    """The tiny random pair's draft costs nearly a target step and is rarely right: the page says so, from this run."""
-    from specviz.labs import how_far
+def _recorded(gen, draft_ms_per_token: float, verify_ms: float):
+    """The same run with recorded timings in place of this machine's (so a check reads no clock)."""
+    from dataclasses import replace
+
+    rounds = tuple(replace(r, draft_ms=draft_ms_per_token * len(r.draft_ids), verify_ms=verify_ms) for r in gen.rounds)
+    return replace(gen, rounds=rounds, decode_ms=sum(r.draft_ms + r.verify_ms for r in rounds))
+
+
+def _on_record(key, gen):
+    """Put a finished run on the server's runner under `key`, as if it had just been measured."""
+    def replay():
+        yield from gen.rounds
+        return gen
+
+    job = jobs.runner().submit(key, replay)
+    end = time.time() + 30
+    while not job.view().finished and time.time() < end:
+        time.sleep(0.01)
+    assert job.view().state == "done"
+
+
+@pytest.mark.parametrize("draft_ms, pays", [(9.5, False), (0.5, True)])
+def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays):
+    """From the run's own recorded α and c (draft 9.5 or 0.5 ms a token against 10 ms target steps), never this machine's clock."""
+    from specviz.core.drafters import make_drafter
+    from specviz.core.engine import autoregressive_generate, speculative_generate
+    from specviz.core.progress import drain
+    from specviz.labs import how_far, watch
+    from specviz.presets import DEFAULT_PRESET, get_preset
+    from specviz.settings import Settings
     from specviz.viz import watch as watch_view
 
-    at = play_to_end(make_app(level="d5"))
-    ref = at.session_state["watch.run"]
-    spec, plain = jobs.job(ref.spec_key).view(), jobs.job(ref.plain_key).view()
-    trade = how_far.run_tradeoff(spec.generation, plain.generation)
+    pair, prompt = models.load_pair("tiny-random"), get_preset(DEFAULT_PRESET).prompt
+    s = Settings(pair="tiny-random", max_new_tokens=16)
+    ids = pair.tokenizer(prompt)["input_ids"]
+    spec = _recorded(drain(speculative_generate(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids,
+                                                s.generation_config(), pair.eos_ids)), draft_ms, 10.0)
+    plain = _recorded(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, s.baseline_config(), pair.eos_ids)),
+                      0.0, 10.0)
+    ref = watch.run_ref("tiny-random", prompt, s)
+    _on_record(ref.spec_key, spec)
+    _on_record(ref.plain_key, plain)
+    trade = how_far.run_tradeoff(spec, plain)
     expected_line = watch_view.cannot_pay_line(trade, "cpu")
-    assert expected_line is not None, "the tiny pair's draft was expected not to pay; the test needs a pair that does not"
+    assert (expected_line is None) == pays
+    at = play_to_end(make_app(level="d5"))
+    assert at.session_state["watch.run"].spec_key == ref.spec_key  # the page showed the recorded run
     warnings = [w.value for w in at.warning]
-    assert expected_line in warnings  # the very sentence computed from this run's own α and c
-    at.radio(key="cfg.level").set_value("d1").run()
-    assert not any("cannot pay" in w.value for w in at.warning)  # D1 gets words, not this engineer's warning
+    if pays:
+        assert not any("cannot pay" in w for w in warnings)
+    else:
+        assert expected_line in warnings  # the very sentence computed from this run's own α and c
+        at.radio(key="cfg.level").set_value("d1").run()
+        assert not any("cannot pay" in w.value for w in at.warning)  # D1 gets words, not this engineer's warning
 
 
 def test_a_queued_run_draws_only_its_place_in_the_queue_and_redraws_slowly():
@@ -348,3 +387,34 @@ def test_a_queued_run_draws_only_its_place_in_the_queue_and_redraws_slowly():
         at.run()
         no_exception(at)
     assert [h for h in at.get("html") if 'class="sv-lane' in h.proto.body], "the run's rounds never showed"
+
+
+def test_the_page_says_how_the_servers_passes_were_shared():
+    """The tiny pair's plain linears are not row-invariant here, so the server gives each run its own passes and says so."""
+    from specviz.serve.exact import batch_exactness
+
+    at = play_to_end(make_app(level="d5"))
+    exact = batch_exactness(models.load_pair("tiny-random").target).exact
+    words = texts(at)
+    if exact:
+        assert "shared the big model's passes" in words or "runs** at once" in words
+    else:
+        assert "a big-model pass of its own" in words
+    assert "timed by the passes they took part in" in words  # D5 says how both runs were timed
+
+
+def test_a_run_that_had_the_server_alone_is_the_figure_beside_a_shared_one():
+    from specviz.labs.watch import AloneRecord, run_ref
+    from specviz.serve.batch import Sharing
+    from specviz.settings import Settings
+
+    record, s = AloneRecord(), Settings(pair="tiny-random")
+    ref = run_ref("tiny-random", "hello", s)
+    assert record.shared(ref, "tiny-random", None, Sharing(3, 6, 2), 1.5) is None  # not both done yet
+    alone = record.shared(ref, "tiny-random", Sharing(4, 8, 2), Sharing(12, 24, 2), 1.8)  # only each other
+    assert (alone.most, alone.runs_per_pass, alone.alone_speedup) == (2, 2.0, 1.8)
+    other = run_ref("tiny-random", "another prompt", s)
+    busy = record.shared(other, "tiny-random", Sharing(4, 40, 12), Sharing(12, 100, 12), 1.1)
+    assert busy.most == 12 and busy.runs_per_pass == 8.8 and busy.alone_speedup == 1.8  # the free-server figure
+    assert busy.alone_prompt == "hello"
+    assert record.shared(other, "tiny-random", Sharing(4, 40, 12), Sharing(12, 100, 12), 1.1).alone_speedup == 1.8

@@ -19,6 +19,7 @@ from typing import Any
 
 from specviz.models.registry import split_ref
 from specviz.app.settings import DRAFTERS, MAX_NEW_RANGE, Settings, _first, parse_query
+from specviz.settings import bounded  # noqa: F401 (the app's name for it)
 
 log = logging.getLogger("specviz.app")
 
@@ -206,15 +207,6 @@ def enforce(settings: Settings, policy: Policy, fallback_pair: str,
         if settings.max_new_tokens > hi and policy.classroom:
             notes.append(MAX_NEW_CLAMPED.format(cap=hi))
     return (replace(settings, **changes) if changes else settings), notes
-
-
-def bounded(value: Any, lo: int, hi: int, default: int) -> int:
-    """A whole number within lo..hi whatever arrived (a widget's state is checked again before a job is built)."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
-    return min(max(number, lo), hi)
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.core import metrics
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
@@ -16,7 +16,7 @@ from specviz.core.limits import GAMMA_RANGE, check_gamma
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
-from specviz.app.settings import MAX_NEW_RANGE
+from specviz.settings import MAX_NEW_RANGE
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))

@@ -13,8 +13,7 @@ import torch
 from scipy.stats import chi2 as chi2_dist
 from scipy.stats import chisquare
 
-from specviz.app.policy import bounded
-from specviz.app.settings import Settings
+from specviz.settings import Settings, bounded
 from specviz.core import divergence
 from specviz.core.divergence import first_divergence
 from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, make_drafter

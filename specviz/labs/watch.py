@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_program, speculative_program
+from specviz.core.metrics import Comparison, compare
+from specviz.core.trace import Generation, RoundTrace
 from specviz.serve.batch import SharedRun, Sharing
 
 
@@ -48,6 +50,14 @@ def baseline_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun
     under the same sharing."""
     return SharedRun(autoregressive_program(pair.target, pair.tokenizer, list(prompt_ids), s.baseline_config(),
                                             pair.eos_ids), pair.target)
+
+
+def comparison(spec: Generation | None, plain: Generation | None) -> Comparison | None:
+    """The run's one Comparison record (speed-up, α, c, expected figures, identity) once both runs are done."""
+    return compare(spec, plain) if spec is not None and plain is not None else None
+
+
+__all__ = ["RoundTrace", "RunRef", "comparison", "run_ref", "speculative_run", "baseline_run", "AloneRecord", "SharedServer"]
 
 
 # ------------------------------------------------------------------------------------------

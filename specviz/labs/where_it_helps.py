@@ -18,7 +18,7 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.app.settings import MAX_NEW_RANGE, Settings, prompt_problem
+from specviz.settings import MAX_NEW_RANGE, Settings, prompt_problem
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.core.drafters import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.limits import REPEATS_RANGE, check_gamma, check_repeats  # noqa: F401 (the page's range)

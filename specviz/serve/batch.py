@@ -9,7 +9,7 @@ pass, and target-only baselines ride along one token per tick. Runs join and lea
 ticks. Each run keeps its own caches and attends over its own positions only (core.forward),
 and is timed by its own clock (core.clock: the passes it took part in, not the wait for others');
 the target packs runs only where `serve.exact` measured that this changes no bit, and never more
-than the rows it checked; elsewhere each run gets a forward of its own, and `note` says so.
+than the rows it checked; elsewhere each run gets a forward of its own (`serve.exact` says why).
 """
 
 from __future__ import annotations
@@ -110,10 +110,6 @@ class Batch:
         for run in [r for r in self.runs if r.key == key]:
             run.program.close()
             self.runs.remove(run)
-
-    def note(self, target: torch.nn.Module) -> str:
-        """One line: whether this target's passes are shared, and why (measures on first call)."""
-        return self.exactness(target, self.max_rows).reason
 
     def tick(self) -> list[Outcome]:
         """Advance every run by one round's worth of passes: drafts until none is drafting, then one target forward."""
