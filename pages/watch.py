@@ -358,6 +358,8 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
         st.markdown(f"With the helper it was **{strip.speed_words(speed)}**." if speed else
                     "After a few turns we can tell how much sooner it is." if early else
                     "Now we time the big model working alone, to see how much sooner the helper made it…")
+        if final is not None:
+            _sharing_line(spec, plain, final.speedup, s)  # type: ignore[arg-type]
         return
     c1, c2, c3 = _metric_slots(3, s)
     c1.metric(L["metric_tpc"], f"{last.tokens_per_call:.2f}" if last else "–")
@@ -401,6 +403,11 @@ def _sharing_line(spec: JobView, plain: JobView, speedup: float | None, s: Setti
         return
     shared = _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup)
     if shared is None:
+        return
+    if s.level == "d1":
+        if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
+            st.caption(f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at "
+                       "once), so checking the helper's guesses was not free this time.")
         return
     if shared.most <= 1:
         line = ("This server gives every run a big-model pass of its own (its target was not found to give the same "

@@ -747,6 +747,9 @@ def add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", type=_ints, default=None, help="batch sizes, 1..16 (default 1,4,8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per run, 1..256 (default 32)")
     p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--context", type=int, default=0,
+                   help="make each prompt a different window of N tokens from one long document (default 0: short prompts)")
+    p.add_argument("--repeats", type=int, default=1, help="measure each size this many times, 1..5 (default 1)")
     p.add_argument("--json", action="store_true", help='print {"sizes": [{"batch": B, "plain_tokens_per_s": ..., '
                    '"spec_tokens_per_s": ..., "identical": ...}, ...]} and more keys')
     p.set_defaults(func=cmd_batch)
@@ -761,7 +764,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     try:
         config = measure.BatchConfig(sizes=args.sizes or measure.SIZES, max_new_tokens=args.max_new_tokens,
-                                     gamma=args.gamma)
+                                     gamma=args.gamma, context=args.context, repeats=args.repeats)
     except ValueError as e:
         raise CliError(str(e)) from None
     pair = models.load_pair(pair_name, draft_precision=args.draft_precision, target_precision=args.target_precision,

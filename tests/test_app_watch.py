@@ -311,6 +311,7 @@ def _on_record(key, gen):
         yield from gen.rounds
         return gen
 
+    assert jobs.runner().get(key) is None  # nothing measured under this key yet
     job = jobs.runner().submit(key, replay)
     end = time.time() + 30
     while not job.view().finished and time.time() < end:
@@ -318,8 +319,8 @@ def _on_record(key, gen):
     assert job.view().state == "done"
 
 
-@pytest.mark.parametrize("draft_ms, pays", [(9.5, False), (0.5, True)])
-def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays):
+@pytest.mark.parametrize("draft_ms, pays, max_new", [(9.5, False, 13), (0.5, True, 14)])
+def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays, max_new):
     """From the run's own recorded α and c (draft 9.5 or 0.5 ms a token against 10 ms target steps), never this machine's clock."""
     from specviz.core.drafters import make_drafter
     from specviz.core.engine import autoregressive_generate, speculative_generate
@@ -330,7 +331,7 @@ def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays):
     from specviz.viz import watch as watch_view
 
     pair, prompt = models.load_pair("tiny-random"), get_preset(DEFAULT_PRESET).prompt
-    s = Settings(pair="tiny-random", max_new_tokens=16)
+    s = Settings(pair="tiny-random", max_new_tokens=max_new)  # a length no other test asks for: these keys are new
     ids = pair.tokenizer(prompt)["input_ids"]
     spec = _recorded(drain(speculative_generate(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids,
                                                 s.generation_config(), pair.eos_ids)), draft_ms, 10.0)
@@ -342,7 +343,7 @@ def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays):
     trade = how_far.run_tradeoff(spec, plain)
     expected_line = watch_view.cannot_pay_line(trade, "cpu")
     assert (expected_line is None) == pays
-    at = play_to_end(make_app(level="d5"))
+    at = play_to_end(make_app(level="d5", max_new=str(max_new)))
     assert at.session_state["watch.run"].spec_key == ref.spec_key  # the page showed the recorded run
     warnings = [w.value for w in at.warning]
     if pays:

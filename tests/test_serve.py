@@ -14,16 +14,10 @@ from specviz.core.tree import TreeConfig
 from specviz.models.packed import pack_linears
 from specviz.serve.batch import Batch, run_together
 from specviz.serve.exact import batch_exactness
+from tests.test_app_settings import _wait
+from tests.test_engine import IdTokenizer
 
 V = 64
-
-
-class IdTokenizer:
-    def batch_decode(self, seqs):
-        return [f"<{s[0]}>" for s in seqs]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(f"<{i}>" for i in ids)
 
 
 TOK = IdTokenizer()
@@ -234,17 +228,6 @@ def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
 # ------------------------------------------------------------------------------------------
 
 
-def _wait(cond, timeout=60.0):
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def _shared(target, draft, kind, prompt, cfg):
     from specviz.serve.batch import SharedRun
 
@@ -258,9 +241,9 @@ def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(
 
     runner = Runner(str)
     first = runner.submit("a", _shared(target, draft, "none", [1, 2, 3], greedy(60)), shared=True)
-    assert _wait(lambda: len(first.view().rounds) >= 2)  # running...
+    assert _wait(lambda: len(first.view().rounds) >= 2, 120)  # running...
     joined = [runner.submit(("r", i), _shared(target, draft, *r), shared=True) for i, r in enumerate(RUNS)]
-    assert _wait(lambda: all(j.view().finished for j in [first, *joined]))
+    assert _wait(lambda: all(j.view().finished for j in [first, *joined]), 120)
     for j, r in zip(joined, RUNS):
         view = j.view()
         assert view.state == "done" and view.generation.tokens == alone(target, draft, *r).tokens
@@ -279,10 +262,10 @@ def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(
     before = runner.submit("b", _shared(target, draft, "none", [4, 5], greedy(40)), shared=True)
     lab_job = runner.submit("lab", lab)
     after = runner.submit("c", _shared(target, draft, "none", [6], greedy(5)), shared=True)
-    assert _wait(lambda: lab_job.view().state == "running")
+    assert _wait(lambda: lab_job.view().state == "running", 120)
     assert before.view().finished and after.view().state == "queued"  # first come, first served
     gate.set()
-    assert _wait(lambda: after.view().finished) and seen == [0]
+    assert _wait(lambda: after.view().finished, 120) and seen == [0]
 
 
 def test_a_stopped_shared_run_leaves_the_batch_and_the_others_finish(target, draft):
@@ -291,9 +274,9 @@ def test_a_stopped_shared_run_leaves_the_batch_and_the_others_finish(target, dra
     runner = Runner(str)
     long = runner.submit("long", _shared(target, draft, "none", [1, 2], greedy(200)), shared=True)
     other = runner.submit("other", _shared(target, draft, *RUNS[0]), shared=True)
-    assert _wait(lambda: len(long.view().rounds) >= 3)
+    assert _wait(lambda: len(long.view().rounds) >= 3, 120)
     long.cancel()
-    assert _wait(lambda: long.view().finished and other.view().finished)
+    assert _wait(lambda: long.view().finished and other.view().finished, 120)
     assert long.view().state == "cancelled" and len(long.view().rounds) < 200
     assert other.view().generation.tokens == alone(target, draft, *RUNS[0]).tokens
 
@@ -320,7 +303,7 @@ def test_300_runs_in_a_row_leave_the_servers_memory_where_it_was(target, draft):
             prompt = [1 + i % 50, 2 + i % 7, 3]
             jobs.append(runner.submit(("s", i), _shared(target, draft, "model", prompt, greedy(12)), shared=True))
             jobs.append(runner.submit(("p", i), _shared(target, draft, "none", prompt, greedy(12)), shared=True))
-        assert _wait(lambda: all(j.view().finished for j in jobs), timeout=300)
+        assert _wait(lambda: all(j.view().finished for j in jobs), 120)
         assert all(j.view().state == "done" for j in jobs)
 
     for start in range(0, 60, 12):  # warm up: allocator pools, the finished-job records up to max_jobs
@@ -331,3 +314,36 @@ def test_300_runs_in_a_row_leave_the_servers_memory_where_it_was(target, draft):
         wave(start, 12)
     gc.collect()
     assert _rss_mb() - before <= 50
+
+
+# ------------------------------------------------------------------------------------------
+# python -m specviz batch
+# ------------------------------------------------------------------------------------------
+
+
+def test_the_batch_command_prints_every_size_with_both_rates_and_identity(capsys):
+    import json
+
+    from specviz import cli
+
+    code = cli.main(["batch", "--pair", "tiny-random", "--sizes", "1,3", "--max-new-tokens", "5", "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [s["batch"] for s in out["sizes"]] == [1, 3]
+    for s in out["sizes"]:
+        assert s["plain_tokens_per_s"] > 0 and s["spec_tokens_per_s"] > 0 and s["identical"] is True
+        assert s["speedup_range"][0] <= s["speedup"] <= s["speedup_range"][1]
+    assert out["note"]  # shared passes or not, and why
+    assert cli.main(["batch", "--pair", "tiny-random", "--sizes", "0,99", "-q"]) == 2  # sizes out of range: one line
+
+
+def test_long_context_prompts_are_different_windows_of_one_document():
+    from specviz.models import load_pair
+    from specviz.serve.measure import batch_prompts, document_prompts
+
+    tok = load_pair("tiny-random").tokenizer
+    windows = document_prompts(tok, 4, 300)
+    assert len(windows) == 4 and all(len(w) == 300 for w in windows)
+    assert len({tuple(w) for w in windows}) == 4
+    prompts = batch_prompts(12)
+    assert len(set(prompts)) == 12 and prompts[0].startswith("def fibonacci")  # the presets first

@@ -169,6 +169,7 @@ def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunT
     k, n, texts = len(draft.tokens), v.n_accepted, tools.texts
     idx, toks = torch.arange(k), torch.tensor(draft.tokens, dtype=torch.long)
     rejected = n < k
+    p_top = top_dist(p[n], tools.top_n, texts)
     return RoundTrace(
         index=r.index,
         position=r.position,
@@ -183,9 +184,10 @@ def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunT
         next_id=v.next_token,
         next_text=texts([v.next_token])[0],
         next_origin=v.next_origin if k else "target",
-        p_top=top_dist(p[n], tools.top_n, texts),
+        p_top=p_top,
         q_top=top_dist(draft.q[n], tools.top_n, texts) if rejected else None,
-        residual_top=top_dist(v.residual, tools.top_n, texts),
+        # a bonus (and every target-only step) is drawn from p itself: its top entries are p's, found once
+        residual_top=p_top if v.next_origin == "bonus" else top_dist(v.residual, tools.top_n, texts),
         draft_ms=draft_ms,
         verify_ms=verify_ms,
     )

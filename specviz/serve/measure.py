@@ -3,13 +3,19 @@
 What `python -m specviz batch` prints. Tokens per second count every run's new tokens over the
 wall time of the whole batch. `identical` compares every batched run with the same run made
 alone (same prompt, settings and seed, through the one-run path): the executor's promise.
+`verify_steps` is what one shared verify pass cost at that B, in one-token target steps of a run
+alone: the spare compute that makes checking cheap, and how a busy server uses it up. With a
+`context`, every prompt is a different window of one long document (the regime where the KV
+cache, not the weights, would dominate: MagicDec, 2024).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from specviz.bench.loadtest import CLASS_PRESETS, session_prompt
@@ -23,6 +29,8 @@ from specviz.serve.batch import MAX_RUNS, run_together
 from specviz.serve.exact import MAX_ROWS, batch_exactness
 
 SIZES = (1, 4, 8)
+CONTEXT_MAX = 4096
+DOCUMENT = Path(__file__).resolve().parents[1] / "core"  # the long document: this package's own engine source
 
 
 @dataclass(frozen=True)
@@ -32,12 +40,18 @@ class BatchConfig:
     sizes: tuple[int, ...] = SIZES
     max_new_tokens: int = 32
     gamma: int = 4
+    context: int = 0  # tokens per prompt from one long document (0: the presets and the load test's prompts)
+    repeats: int = 1  # times each size is measured (the speed-up's range across them is reported)
 
     def __post_init__(self) -> None:
         if not self.sizes or any(not 1 <= b <= MAX_RUNS for b in self.sizes):
             raise ValueError(f"batch sizes must be 1..{MAX_RUNS}, got {self.sizes}")
         if not 1 <= self.max_new_tokens <= 256:
             raise ValueError(f"max_new_tokens must be 1..256, got {self.max_new_tokens}")
+        if not (self.context == 0 or 16 <= self.context <= CONTEXT_MAX):
+            raise ValueError(f"context must be 0 or 16..{CONTEXT_MAX} tokens, got {self.context}")
+        if not 1 <= self.repeats <= 5:
+            raise ValueError(f"repeats must be 1..5, got {self.repeats}")
 
 
 @dataclass(frozen=True)
@@ -47,13 +61,17 @@ class SizeResult:
     batch: int
     plain_tokens_per_s: float  # every run's new tokens ÷ the batch's wall time, target alone
     spec_tokens_per_s: float  # the same, speculative
-    speedup: float  # spec ÷ plain tokens per second at this B
+    plain_alone_tokens_per_s: float  # the same B runs one after another (each alone), target alone
+    spec_alone_tokens_per_s: float  # ...and speculative: what batching is measured against
+    speedup: float  # spec ÷ plain tokens per second at this B (the median over repeats)
+    speedup_range: tuple[float, float]  # lowest and highest over the repeats
     identical: bool  # every batched run (both kinds) equals the same run alone
     alpha: float | None  # accepted ÷ drafted over the speculative runs
     tokens_per_target_call: float | None
     plain_wall_s: float
     spec_wall_s: float
     runs_per_target_pass: float  # mean runs sharing a target forward (speculative runs)
+    verify_steps: float | None  # a shared verify pass at this B ÷ a one-token step of a run alone (medians)
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,7 @@ class BatchReport:
     pair: str
     max_new_tokens: int
     gamma: int
+    context: int  # tokens per prompt (0: short prompts)
     exact: bool  # the target's passes were shared (else one run per forward, and `note` says why)
     note: str
     sizes: tuple[SizeResult, ...]
@@ -81,6 +100,16 @@ def batch_prompts(n: int) -> list[str]:
     return found[:n]
 
 
+def document_prompts(tokenizer: Any, n: int, tokens: int) -> list[list[int]]:
+    """n different windows of `tokens` ids each from one long document (this package's engine source, read in a fixed order)."""
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(DOCUMENT.glob("*.py")))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < tokens + n:
+        raise ValueError(f"the document has {len(ids)} tokens: too few for {n} windows of {tokens}")
+    step = max(1, (len(ids) - tokens) // max(1, n))
+    return [ids[i * step : i * step + tokens] for i in range(n)]
+
+
 def _same(a: Generation, b: Generation) -> bool:
     return a.tokens == b.tokens
 
@@ -91,8 +120,11 @@ def measure_batches(pair: Any, pair_name: str, config: BatchConfig,
     exactness = batch_exactness(pair.target, MAX_ROWS)
     gen = GenerationConfig(max_new_tokens=config.max_new_tokens, gamma=config.gamma)
     plain_cfg = GenerationConfig(max_new_tokens=config.max_new_tokens, gamma=1)
-    prompts = batch_prompts(max(config.sizes))
-    ids = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    n = max(config.sizes)
+    if config.context:
+        ids = document_prompts(pair.tokenizer, n, config.context)
+    else:
+        ids = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in batch_prompts(n)]
     drafter = make_drafter("model", pair.draft)
 
     def plain(i: int) -> Any:
@@ -103,33 +135,53 @@ def measure_batches(pair: Any, pair_name: str, config: BatchConfig,
 
     say("warming up")
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids[0][:8], GenerationConfig(max_new_tokens=3), pair.eos_ids))
-    alone: dict[tuple[str, int], Generation] = {}
+    alone: dict[tuple[str, int], tuple[Generation, float]] = {}
 
     def reference(kind: str, i: int) -> Generation:
+        """The same run alone (timed: the runs one after another are what batching is measured against)."""
         if (kind, i) not in alone:
-            say(f"{kind} run {i + 1} alone (the reference)")
-            alone[kind, i] = drain(solo_run(plain(i) if kind == "plain" else spec(i)))
-        return alone[kind, i]
+            say(f"{kind} run {i + 1} alone")
+            t0 = time.perf_counter()
+            gen = drain(solo_run(plain(i) if kind == "plain" else spec(i)))
+            alone[kind, i] = gen, time.perf_counter() - t0
+        return alone[kind, i][0]
+
+    def alone_rate(kind: str, b: int) -> float:
+        for i in range(b):
+            reference(kind, i)
+        runs = [alone[kind, i] for i in range(b)]
+        return sum(len(g.tokens) for g, _ in runs) / sum(sec for _, sec in runs)
 
     rows = []
     for b in config.sizes:
-        say(f"batch {b}: target alone")
-        p_gens, _, p_wall = run_together([plain(i) for i in range(b)], pair.target)
-        say(f"batch {b}: speculative")
-        s_gens, s_share, s_wall = run_together([spec(i) for i in range(b)], pair.target)
-        same = all(_same(g, reference("plain", i)) for i, g in enumerate(p_gens)) and all(
-            _same(g, reference("spec", i)) for i, g in enumerate(s_gens))
+        tries = []
+        for k in range(config.repeats):
+            say(f"batch {b}: target alone" + (f" (repeat {k + 1} of {config.repeats})" if config.repeats > 1 else ""))
+            p_gens, _, p_wall = run_together([plain(i) for i in range(b)], pair.target)
+            say(f"batch {b}: speculative")
+            s_gens, s_share, s_wall = run_together([spec(i) for i in range(b)], pair.target)
+            tries.append((p_gens, p_wall, s_gens, s_share, s_wall))
+        same = all(_same(g, reference("plain", i)) for t in tries for i, g in enumerate(t[0])) and all(
+            _same(g, reference("spec", i)) for t in tries for i, g in enumerate(t[2]))
+        rates = [(sum(len(g.tokens) for g in t[0]) / t[1], sum(len(g.tokens) for g in t[2]) / t[4]) for t in tries]
+        speedups = sorted(sp / pl for pl, sp in rates)
+        p_gens, p_wall, s_gens, s_share, s_wall = tries[len(tries) // 2]
+        step_ms = statistics.median(r.verify_ms for r in reference("plain", 0).rounds)  # a one-token step, alone
+        verify = [r.verify_ms for g in s_gens for r in g.rounds if r.draft_ids]
         rounds = [r for g in s_gens for r in g.rounds]
-        p_rate = sum(len(g.tokens) for g in p_gens) / p_wall
-        s_rate = sum(len(g.tokens) for g in s_gens) / s_wall
         rows.append(SizeResult(
-            batch=b, plain_tokens_per_s=round(p_rate, 3), spec_tokens_per_s=round(s_rate, 3),
-            speedup=round(s_rate / p_rate, 3), identical=same,
+            batch=b, plain_tokens_per_s=round(statistics.median(r[0] for r in rates), 3),
+            spec_tokens_per_s=round(statistics.median(r[1] for r in rates), 3),
+            plain_alone_tokens_per_s=round(alone_rate("plain", b), 3), spec_alone_tokens_per_s=round(alone_rate("spec", b), 3),
+            speedup=round(statistics.median(speedups), 3), speedup_range=(round(speedups[0], 3), round(speedups[-1], 3)),
+            identical=same,
             alpha=_r(acceptance_drafted(rounds)), tokens_per_target_call=_r(tokens_per_target_call(rounds)),
             plain_wall_s=round(p_wall, 2), spec_wall_s=round(s_wall, 2),
             runs_per_target_pass=round(statistics.fmean(s.mean for s in s_share), 2),
+            verify_steps=_r(statistics.median(verify) / step_ms) if verify and step_ms else None,
         ))
-    return BatchReport(pair_name, config.max_new_tokens, config.gamma, exactness.exact, exactness.reason, tuple(rows))
+    return BatchReport(pair_name, config.max_new_tokens, config.gamma, config.context, exactness.exact, exactness.reason,
+                       tuple(rows))
 
 
 def _r(x: float | None) -> float | None:
@@ -138,20 +190,15 @@ def _r(x: float | None) -> float | None:
 
 def sizes_table(report: BatchReport) -> str:
     """The report as a small text table."""
-    lines = [f"{report.pair}, {report.max_new_tokens} tokens a run, γ = {report.gamma}, greedy; "
+    context = f", prompts of {report.context} tokens from one document" if report.context else ""
+    lines = [f"{report.pair}, {report.max_new_tokens} tokens a run, γ = {report.gamma}, greedy{context}; "
              f"{'shared target passes' if report.exact else 'one run per target forward'}: {report.note}",
-             "batch   plain tok/s   spec tok/s   speed-up   α      tokens/call   runs/pass   identical"]
+             "tokens/s: batched (the same runs one after another)",
+             "batch   plain tok/s       spec tok/s        speed-up (range)       α      tokens/call   verify steps   runs/pass   identical"]
     for s in report.sizes:
-        lines.append(f"{s.batch:>5}   {s.plain_tokens_per_s:>11.2f}   {s.spec_tokens_per_s:>10.2f}   {s.speedup:>8.2f}"
-                     f"   {s.alpha if s.alpha is not None else '-':<5}  {s.tokens_per_target_call or '-':>11}"
-                     f"   {s.runs_per_target_pass:>9}   {s.identical}")
+        lo, hi = s.speedup_range
+        lines.append(f"{s.batch:>5}   {s.plain_tokens_per_s:>6.2f} ({s.plain_alone_tokens_per_s:>5.2f})"
+                     f"   {s.spec_tokens_per_s:>6.2f} ({s.spec_alone_tokens_per_s:>5.2f})   {s.speedup:>5.2f}"
+                     f" ({lo:.2f}-{hi:.2f})   {s.alpha if s.alpha is not None else '-':<5}  {s.tokens_per_target_call or '-':>11}"
+                     f"   {s.verify_steps if s.verify_steps is not None else '-':>12}   {s.runs_per_target_pass:>9}   {s.identical}")
     return "\n".join(lines)
-
-
-def relative(report: BatchReport, sizes: Sequence[int] = ()) -> dict[int, tuple[float, float]]:
-    """Tokens per second at each size as a multiple of batch 1's (plain, spec), where batch 1 was measured."""
-    base = next((s for s in report.sizes if s.batch == 1), None)
-    if base is None:
-        return {}
-    return {s.batch: (s.plain_tokens_per_s / base.plain_tokens_per_s, s.spec_tokens_per_s / base.spec_tokens_per_s)
-            for s in report.sizes if not sizes or s.batch in sizes}
