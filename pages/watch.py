@@ -351,20 +351,26 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     final = watch.comparison(spec.generation, plain.generation) if all_shown and plain is not None else None
     speed = final.speedup if final else (last.speedup if last else None)
     early = not final and shown and len(shown) < pb.SPEEDUP_FROM_ROUND
+    shared = _shared(spec, plain, final.speedup, s) if final is not None else None  # type: ignore[arg-type]
+    busy = shared is not None and shared.disturbed is not None
     if s.level == "d1":
         calls, made = len(shown), sum(len(r.new_ids) for r in shown)
         st.markdown(f"**{made} {L['tokens']}** written in **{calls} big-model turns**.  \n"
                     f"Without the helper it would take **{made} turns**.")
-        st.markdown(f"With the helper it was **{strip.speed_words(speed)}**." if speed else
+        st.markdown("The computer was busy with something else while we timed it, so we cannot tell this time "
+                    "how much sooner the helper made it. Press **Play** again when it is quiet." if busy else
+                    f"With the helper it was **{strip.speed_words(speed)}**." if speed else
                     "After a few turns we can tell how much sooner it is." if early else
                     "Now we time the big model working alone, to see how much sooner the helper made it…")
-        if final is not None:
-            _sharing_line(spec, plain, final.speedup, s)  # type: ignore[arg-type]
+        if shared is not None:
+            _sharing_line(shared, s)
         return
     c1, c2, c3 = _metric_slots(3, s)
     c1.metric(L["metric_tpc"], f"{last.tokens_per_call:.2f}" if last else "–")
     c2.metric(L["metric_acc"], f"{last.acceptance:.0%}" if last and last.acceptance is not None else "–")
-    c3.metric(L["metric_speed"], f"{speed:.2f}×" if speed else "…", **_measuring(speed),
+    c3.metric(L["metric_speed"], f"{speed:.2f}×" if speed else "…",
+              **({"delta": "uncertain: busy machine", "delta_color": "off", "delta_arrow": "off"} if busy else
+                 _measuring(speed)),
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here. "
                    f"Shown from round {pb.SPEEDUP_FROM_ROUND}: the first rounds include the models warming up.")
     if s.level == "d5":
@@ -383,8 +389,8 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
                             "Leviathan's expected speed-up is for chains, so it is not shown for trees.")
         else:
             _expected_metrics(d2c, d3c, textbook, with_cost, L)
-    if final is not None:
-        _sharing_line(spec, plain, final.speedup, s)  # type: ignore[arg-type]
+    if shared is not None:
+        _sharing_line(shared, s)
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
                lambda: watch_view.running_figure(points, L, font_size(s)))
@@ -396,14 +402,22 @@ def _alone_record() -> watch.AloneRecord:
     return watch.AloneRecord()
 
 
-def _sharing_line(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -> None:
-    """How many runs shared this run's target passes, how both were timed, and (D5) the pair's figure on a free server."""
+def _shared(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -> watch.SharedServer | None:
+    """How the server was shared while both runs were timed (None for a run from before this server's record)."""
     ref = _ref()
     if ref is None:
-        return
-    shared = _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup)
-    if shared is None:
-        return
+        return None
+    return _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup, plain.generation)
+
+
+def _sharing_line(shared: watch.SharedServer, s: Settings) -> None:
+    """How many runs shared this run's target passes, how both were timed, and (D5) the pair's figure on a free server;
+    a warning where the baseline's own steps say the machine was busy with something else."""
+    if shared.disturbed is not None and s.level != "d1":
+        st.warning(f"The machine was busy while these runs were timed: the plain run's steps varied by "
+                   f"{shared.disturbed:.1f}× between its faster and slower quarters (a quiet machine stays within "
+                   f"{watch.NOISY_STEPS:.1f}×), so this speed-up is uncertain. Press **Play** again when the computer "
+                   "is quiet (close video calls and other heavy programs).", icon=":material/speed:")
     if s.level == "d1":
         if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
             st.caption(f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at "

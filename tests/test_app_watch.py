@@ -306,13 +306,16 @@ def _recorded(gen, draft_ms_per_token: float, verify_ms: float):
 
 
 def _on_record(key, gen):
-    """Put a finished run on the server's runner under `key`, as if it had just been measured."""
+    """Put a finished run on the server's runner under `key`, as if it had just been measured there (a shared run
+    that asks for no pass: its rounds are the recorded ones)."""
+    from specviz.serve.batch import SharedRun
+
     def replay():
         yield from gen.rounds
         return gen
 
     assert jobs.runner().get(key) is None  # nothing measured under this key yet
-    job = jobs.runner().submit(key, replay)
+    job = jobs.runner().submit(key, lambda: SharedRun(replay(), models.load_pair("tiny-random").target), shared=True)
     end = time.time() + 30
     while not job.view().finished and time.time() < end:
         time.sleep(0.01)
@@ -419,3 +422,39 @@ def test_a_run_that_had_the_server_alone_is_the_figure_beside_a_shared_one():
     assert busy.most == 12 and busy.runs_per_pass == 8.8 and busy.alone_speedup == 1.8  # the free-server figure
     assert busy.alone_prompt == "hello"
     assert record.shared(other, "tiny-random", Sharing(4, 40, 12), Sharing(12, 100, 12), 1.1).alone_speedup == 1.8
+
+
+@pytest.mark.parametrize("noisy, max_new", [(False, 11), (True, 12)])
+def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, max_new):
+    """Recorded timings: the plain run's steps alternate 10 and 30 ms (busy) or stay at 10 ms (quiet); no clock is read."""
+    from dataclasses import replace
+
+    from specviz.core.drafters import make_drafter
+    from specviz.core.engine import autoregressive_generate, speculative_generate
+    from specviz.core.progress import drain
+    from specviz.labs import watch
+    from specviz.presets import DEFAULT_PRESET, get_preset
+    from specviz.settings import Settings
+
+    pair, prompt = models.load_pair("tiny-random"), get_preset(DEFAULT_PRESET).prompt
+    s = Settings(pair="tiny-random", max_new_tokens=max_new)
+    ids = pair.tokenizer(prompt)["input_ids"]
+    spec = _recorded(drain(speculative_generate(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids,
+                                                s.generation_config(), pair.eos_ids)), 0.5, 10.0)
+    plain = _recorded(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, s.baseline_config(), pair.eos_ids)),
+                      0.0, 10.0)
+    if noisy:
+        rounds = tuple(replace(r, verify_ms=10.0 if i % 2 else 30.0) for i, r in enumerate(plain.rounds))
+        plain = replace(plain, rounds=rounds, decode_ms=sum(r.verify_ms for r in rounds))
+    ref = watch.run_ref("tiny-random", prompt, s)
+    _on_record(ref.spec_key, spec)
+    _on_record(ref.plain_key, plain)
+    for level in ("d1", "d2"):
+        at = play_to_end(make_app(level=level, max_new=str(max_new)))
+        words = texts(at)
+        if level == "d1":
+            assert ("we cannot tell this time" in words) == noisy
+            assert ("With the helper it was" in words) == (not noisy)  # a verdict only for a clean measurement
+        else:
+            assert ("The machine was busy while these runs were timed" in words) == noisy
+            assert ("3.0×" in words) == noisy  # the spread it judged by, beside the rule

@@ -73,10 +73,25 @@ class SharedServer:
     most: int  # the most runs one of those passes served
     alone_speedup: float | None  # the latest speed-up of the same pair and settings measured while no other pupil ran
     alone_prompt: str | None  # the prompt of that measurement
+    disturbed: float | None = None  # the baseline's step-time spread, where it says the machine was busy (else None)
 
 
 def _pair_settings(pair: str, s: Settings) -> tuple[Any, ...]:
     return pair, s.drafter, s.gamma, s.adaptive, s.sampling.mode
+
+
+# Spread of a target-only run's steps (slowest quarter's bound ÷ fastest quarter's) above which something else used
+# the machine while it was timed. Alone on a quiet machine its steps differ by a few % (the context grows); a busy
+# laptop (a video call, a projector's driver, a CPU hog on one core) stretches some steps 2-3 times.
+NOISY_STEPS = 1.5
+
+
+def step_spread(plain: Generation) -> float | None:
+    """Upper ÷ lower quartile of a target-only run's step times (None with too few steps to judge)."""
+    steps = sorted(r.verify_ms for r in plain.rounds)
+    if len(steps) < 8 or steps[len(steps) // 4] <= 0:
+        return None
+    return steps[(3 * len(steps)) // 4] / steps[len(steps) // 4]
 
 
 class AloneRecord:
@@ -88,19 +103,25 @@ class AloneRecord:
         self._max = max_entries
 
     def shared(self, ref: RunRef, pair: str, spec: Sharing | None, plain: Sharing | None,
-               speedup: float | None) -> SharedServer | None:
-        """The sharing of a finished run and its baseline; a run that had the server alone is remembered."""
+               speedup: float | None, plain_run: Generation | None = None) -> SharedServer | None:
+        """The sharing of a finished run and its baseline; a clean run that had the server alone is remembered.
+
+        With the server to itself, a baseline whose steps spread beyond NOISY_STEPS says the machine was busy
+        with something else: that speed-up is uncertain, and it is neither remembered nor given a verdict.
+        (Sharing a server changes the steps' cost as runs come and go, so the spread only judges a run alone.)"""
         if spec is None or plain is None:
             return None
+        spread = step_spread(plain_run) if plain_run is not None else None
+        disturbed = spread if spread is not None and spread > NOISY_STEPS and max(spec.most, plain.most) <= 2 else None
         key = _pair_settings(pair, ref.settings)
         passes = spec.passes + plain.passes
         mean = (spec.runs_total + plain.runs_total) / passes if passes else 1.0
         most = max(spec.most, plain.most)
         with self._lock:
-            if most <= 2 and speedup is not None:  # only each other: the run and its own baseline
+            if most <= 2 and speedup is not None and disturbed is None:  # only each other: the run and its own baseline
                 self._found[key] = (speedup, ref.prompt)
                 self._found.move_to_end(key)
                 while len(self._found) > self._max:
                     self._found.popitem(last=False)
             alone = self._found.get(key)
-        return SharedServer(round(mean, 1), most, alone[0] if alone else None, alone[1] if alone else None)
+        return SharedServer(round(mean, 1), most, alone[0] if alone else None, alone[1] if alone else None, disturbed)
