@@ -8,12 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.settings import Settings
 from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_program, speculative_program
 from specviz.core.metrics import Comparison, compare
 from specviz.core.trace import Generation, RoundTrace
 from specviz.serve.batch import SharedRun, Sharing
+from specviz.settings import Settings
+
+# RoundTrace is the record the page replays: the page takes it from here, not from core
+__all__ = ["NOISY_STEPS", "AloneRecord", "RoundTrace", "RunRef", "SharedServer", "baseline_run", "comparison", "run_ref",
+           "speculative_run", "step_spread"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,6 @@ def baseline_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun
 def comparison(spec: Generation | None, plain: Generation | None) -> Comparison | None:
     """The run's one Comparison record (speed-up, α, c, expected figures, identity) once both runs are done."""
     return compare(spec, plain) if spec is not None and plain is not None else None
-
-
-__all__ = ["RoundTrace", "RunRef", "comparison", "run_ref", "speculative_run", "baseline_run", "AloneRecord", "SharedServer"]
 
 
 # ------------------------------------------------------------------------------------------
