@@ -54,9 +54,7 @@ class _ModelDraftSession(ChainDraftSession):
         self.min_tokens = min_tokens
 
     def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        feed = self.lm.prefill_feed(ids) if self.lm is not None else None
-        if feed is not None:
-            yield feed
+        return self.lm.prefill_steps(ids) if self.lm is not None else super().prefill(ids)  # a memo brings its own cache
 
     def _q(self, seq: Sequence[int]) -> Steps[tuple[torch.Tensor, torch.Tensor | None]]:
         """q at the end of seq (V,), and the raw logits when computed here (None from a memo)."""

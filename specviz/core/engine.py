@@ -2,7 +2,7 @@
 
 `run_program` is only the loop: it prefills, asks the policy for γ, lets the run's session play a
 round (`RoundSession.round`, whatever the drafter), cuts at EOS or the budget, and yields each
-RoundTrace. The passes it needs come out of it as Feeds; `solo_run` answers them one by one,
+RoundTrace. The passes it needs come out of it as Feeds; `rounds.solo_run` answers them one by one,
 and `specviz.serve` answers many runs' feeds in one forward. Both give each run the same logits.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from specviz.core.adaptive import AdaptiveGamma
-from specviz.core.forward import Feed, forward
+from specviz.core.forward import Feed
 from specviz.core import clock
 from specviz.core.clock import ms_since
-from specviz.core.rounds import CachedTarget, Drafter, Round, RunTools, TargetAlone, TargetProbs, TokenTexts
+from specviz.core.rounds import CachedTarget, Drafter, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, solo_run
 from specviz.core.sampling import AcceptRule, verify_draft
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace, StopReason
 
@@ -63,21 +63,6 @@ def autoregressive_program(
 ) -> Program:
     """The baseline as a program: one target pass per token, same sampling transform and seed semantics."""
     return run_program(target, None, tokenizer, prompt_ids, config, eos_ids, None, verify_draft, target_probs)
-
-
-def solo_run(program: Program) -> GenIter:
-    """Answer a run's passes one at a time, alone; yield its RoundTraces and return its Generation."""
-    answer: torch.Tensor | None = None
-    while True:
-        try:
-            item = program.send(answer)
-        except StopIteration as done:
-            return done.value
-        if isinstance(item, Feed):
-            answer = forward(item.model, [item])[0]
-        else:
-            answer = None
-            yield item
 
 
 def speculative_generate(

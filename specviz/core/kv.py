@@ -7,7 +7,7 @@ whoever answers — `forward` alone, or a batched executor with other runs' feed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -64,9 +64,15 @@ class CachedLM:
         """The pass that caches every id but the last, which the first step feeds itself (None: nothing to cache)."""
         return self.feed(list(ids[:-1]), 1) if len(ids) > 1 else None
 
-    def prefill(self, ids: Sequence[int]) -> None:
+    def prefill_steps(self, ids: Sequence[int]) -> Generator[Feed, torch.Tensor, None]:
+        """The prefill as a program's step: its one pass, if there is anything to cache."""
         feed = self.prefill_feed(ids)
         if feed is not None:
+            yield feed
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """The prefill, answered alone."""
+        for feed in self.prefill_steps(ids):
             forward(self.model, [feed])
 
 

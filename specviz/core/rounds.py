@@ -19,6 +19,7 @@ from specviz.core import clock
 from specviz.core.clock import ms_since
 from specviz.core.forward import Feed, forward
 from specviz.core.kv import TreeLM
+from specviz.core.progress import drain
 from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs
 from specviz.core.trace import RoundTrace, TopDist
 
@@ -26,15 +27,25 @@ R = TypeVar("R")
 Steps = Generator[Feed, torch.Tensor, R]  # a program: yields the passes it needs, is sent their logits, returns R
 
 
-def solo(steps: Steps[R]) -> R:
-    """Answer a program's passes one at a time, alone; its result."""
-    answer = None
+def solo_run(program: Generator[Any, Any, R]) -> Generator[Any, None, R]:
+    """Answer a program's passes one at a time, alone: each Feed gets its own forward; anything else it yields
+    (a RoundTrace) is passed on. Returns the program's result."""
+    answer: torch.Tensor | None = None
     while True:
         try:
-            feed = steps.send(answer)  # type: ignore[arg-type]  # the first send must be None
+            item = program.send(answer)
         except StopIteration as done:
             return done.value
-        answer = forward(feed.model, [feed])[0]
+        if isinstance(item, Feed):
+            answer = forward(item.model, [item])[0]
+        else:
+            answer = None
+            yield item
+
+
+def solo(steps: Steps[R]) -> R:
+    """A program's result, its passes answered alone (for programs that yield nothing but passes)."""
+    return drain(solo_run(steps))
 
 
 @dataclass(frozen=True)
@@ -86,9 +97,7 @@ class CachedTarget:
         self.sampling = sampling
 
     def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        feed = self.lm.prefill_feed(ids)
-        if feed is not None:
-            yield feed
+        return self.lm.prefill_steps(ids)
 
     def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
         logits = yield self.lm.feed(ids, n_last)

@@ -108,9 +108,7 @@ class TreeSession:
         return q, rank
 
     def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        feed = self.lm.prefill_feed(ids)
-        if feed is not None:
-            yield feed
+        return self.lm.prefill_steps(ids)
 
     def propose_tree(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> DraftTree:
         """`propose_tree_steps` answered alone (tests and tools that draft outside a run)."""

@@ -20,7 +20,8 @@ from typing import Any
 
 from specviz.bench.loadtest import CLASS_PRESETS, session_prompt
 from specviz.core.drafters import make_drafter
-from specviz.core.engine import autoregressive_generate, autoregressive_program, solo_run, speculative_program
+from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_program
+from specviz.core.rounds import solo_run
 from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.progress import drain
 from specviz.core.trace import Generation, GenerationConfig
