@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from specviz import host
 from specviz.models.base import PairError
 
 log = logging.getLogger("specviz.models")
@@ -150,10 +151,8 @@ def estimate(name: str, precision: str | None = None) -> Need | None:
 
 
 def available_bytes() -> int:
-    """RAM this machine can give without swapping (free plus reclaimable caches)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
+    """RAM this process can still take without swapping or meeting its container's limit (free plus reclaimable caches)."""
+    return host.read_limits().memory_available
 
 
 def check_fit(name: str, available: Callable[[], int] = available_bytes, precision: str | None = None) -> Need | None:
@@ -179,10 +178,8 @@ DEFAULT_SHARE = 0.8  # the default pair's load peak must fit in this share of th
 
 
 def total_bytes() -> int:
-    """All the RAM of this machine (the default pair must fit a machine, not a moment's free memory)."""
-    import psutil
-
-    return int(psutil.virtual_memory().total)
+    """All the RAM this process may use: the machine's, or its container's limit (the default pair must fit that, not a moment's free memory)."""
+    return host.read_limits().memory_total
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specviz import host
 from specviz.models import half, packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
@@ -159,6 +160,7 @@ def load_pair(
     spec = get_spec(name)
     name, ref_precision = split_ref(name)
     report = progress or _no_progress
+    host.configure_threads()  # torch's threads fit the container's CPU quota, not the host's cores (once per process)
     dev = _resolve_device(device)
     choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
     # before any file is read: a pair that cannot fit is refused (the fp32 figure where its precision has none)
