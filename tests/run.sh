@@ -6,14 +6,15 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# 1. the virtual environment, from the full lock (--no-deps: see the top of requirements.txt)
+# 1. the virtual environment: the app's lock and the test tools' lock on top, resolved as any host
+#    resolves them (see the top of requirements.txt); installed again only when a lock changes
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 stamp=.venv/.specviz-requirements.sha256
-want="$(sha256sum requirements.txt | cut -d' ' -f1)"
+want="$(cat requirements.txt tests/requirements.txt assets/torch-cpu.html | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    .venv/bin/pip install -qq --no-deps -r requirements.txt
+    .venv/bin/pip install -qq -r tests/requirements.txt
     echo "$want" > "$stamp"
 fi
 

@@ -23,7 +23,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PLAY = re.compile(r"^Play\b")  # the button's accessible name is "Play Shortcut K"
-# SPECVIZ_BROWSER_PAIR=qwen-coder (under `flock /tmp/specviz-heavy.lock`) makes the README screenshots
+# SPECVIZ_README_SHOTS=1 SPECVIZ_BROWSER_PAIR=qwen-coder (under `flock /tmp/specviz-heavy.lock`) makes the README screenshots
 # with the app's default pair; the default smollm2-135m pair keeps the test light.
 PAIR = os.environ.get("SPECVIZ_BROWSER_PAIR", "smollm2-135m")
 PROMPTS = {  # a prompt that reliably gives both accepted and rejected guesses with each pair
@@ -82,10 +82,14 @@ def server():
         log.close()
 
 
+README_SHOTS = os.environ.get("SPECVIZ_README_SHOTS") == "1"  # only then are the README's pictures replaced
+
+
 def _shot(page, name: str, readme_copy: str | None = None) -> None:
+    """A screenshot in test-artifacts/; copied over the README's picture only when asked (SPECVIZ_README_SHOTS=1)."""
     path = ARTIFACTS / name
     page.screenshot(path=str(path), full_page=True)
-    if readme_copy:
+    if readme_copy and README_SHOTS:
         shutil.copyfile(path, ROOT / "assets" / readme_copy)
 
 
