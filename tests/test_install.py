@@ -172,13 +172,13 @@ def test_the_app_lock_installs_with_resolution_and_serves_the_app(tmp_path: Path
             try:
                 # directly: the app on its default pair, loaded and ready for a prompt
                 page = browser.new_page()
-                page.set_default_timeout(300_000)
+                page.set_default_timeout(600_000)
                 page.goto(url)
                 expect(page.get_by_label("Model pair (draft → target)")).to_have_value(re.compile("Qwen"))
                 prompt = page.get_by_label("Prompt (the models continue this text)")
                 prompt.fill("def add(a, b):")
                 prompt.press("Control+Enter")
-                expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible(timeout=300_000)  # loads the pair
+                expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible(timeout=600_000)  # loads the pair (converts it first on a machine with an empty cache: ~3 min)
                 assert page.locator('[data-testid="stException"]').count() == 0
 
                 # behind a proxy that adds its own headers: the page works, and fair use still tells browsers
