@@ -76,28 +76,15 @@ def _folders(mount: Path, path: str | None) -> list[Path]:
     return [f for f in dict.fromkeys(folders) if f.is_dir()]
 
 
-def _v2_memory(root: Path, path: str | None) -> tuple[int, int] | None:
-    """(limit, in use less reclaimable file cache) of the tightest v2 memory limit, or None without one."""
+def _memory(folders: list[Path], limit_file: str, used_file: str, inactive: tuple[str, ...]) -> tuple[int, int] | None:
+    """(limit, in use less reclaimable file cache) of the tightest memory limit among `folders`, or None without one."""
     best: tuple[int, int] | None = None
-    for folder in _folders(root, path):
-        limit = _int(_read(folder / "memory.max"))  # "max" reads as None: no limit here
+    for folder in folders:
+        limit = _int(_read(folder / limit_file))  # v2's "max" reads as None: no limit here
         if limit is None or limit >= _UNLIMITED:
             continue
-        used = _int(_read(folder / "memory.current")) or 0
-        used -= _stat(folder / "memory.stat", "inactive_file")
-        if best is None or limit - used < best[0] - best[1]:
-            best = (limit, max(0, used))
-    return best
-
-
-def _v1_memory(root: Path, path: str | None) -> tuple[int, int] | None:
-    best: tuple[int, int] | None = None
-    for folder in _folders(root / "memory", path):
-        limit = _int(_read(folder / "memory.limit_in_bytes"))
-        if limit is None or limit >= _UNLIMITED:
-            continue
-        used = _int(_read(folder / "memory.usage_in_bytes")) or 0
-        used -= _stat(folder / "memory.stat", "total_inactive_file") or _stat(folder / "memory.stat", "inactive_file")
+        used = _int(_read(folder / used_file)) or 0
+        used -= next((n for key in inactive if (n := _stat(folder / "memory.stat", key))), 0)
         if best is None or limit - used < best[0] - best[1]:
             best = (limit, max(0, used))
     return best
@@ -152,7 +139,9 @@ def read_limits(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP, host_
     paths = _own_paths(proc_cgroup)
     memory_source = cpu_source = "host"
     v2 = (root / "cgroup.controllers").is_file()  # the unified hierarchy is mounted at the root
-    memory = _v2_memory(root, paths.get("")) if v2 else _v1_memory(root, paths.get("memory"))
+    memory = (_memory(_folders(root, paths.get("")), "memory.max", "memory.current", ("inactive_file",)) if v2 else
+              _memory(_folders(root / "memory", paths.get("memory")), "memory.limit_in_bytes", "memory.usage_in_bytes",
+                      ("total_inactive_file", "inactive_file")))
     if memory is not None and memory[0] < total:
         limit, used = memory
         total, available = limit, min(available, max(0, limit - used))
