@@ -57,32 +57,43 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90.0) -> No
     raise TimeoutError("streamlit did not become healthy")
 
 
+@contextlib.contextmanager
+def streamlit_app(python: str, log_path: Path, health_timeout: float = 90.0) -> Iterator[str]:
+    """`python -m streamlit run app.py` on a free port, its output in `log_path`; its URL once healthy, always stopped."""
+    port = _free_port()
+    cmd = [python, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(url, proc, health_timeout)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+
+
 @pytest.fixture()
 def server():
-    """`streamlit run app.py` on a free port; always stopped at the end, even on failure."""
+    """`streamlit run app.py` from this venv on a free port; always stopped at the end, even on failure."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
     ARTIFACTS.mkdir(exist_ok=True)
-    port = _free_port()
-    log = open(ARTIFACTS / "streamlit-browser-test.log", "w")
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
+    with streamlit_app(sys.executable, ARTIFACTS / "streamlit-browser-test.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        log.close()
 
 
 README_SHOTS = os.environ.get("SPECVIZ_README_SHOTS") == "1"  # only then are the README's pictures replaced
+
+
+def _readme_shot(name: str) -> Path:
+    """Where a README picture is written: over the README's own only when asked (SPECVIZ_README_SHOTS=1), else in test-artifacts/."""
+    return (ROOT / "assets" if README_SHOTS else ARTIFACTS) / name
 
 
 def _shot(page, name: str, readme_copy: str | None = None) -> None:
@@ -191,7 +202,7 @@ def test_the_watch_page_plays_a_token_tree_in_chromium(server):
         _shot(page, "watch-tree.png")
         # the README shows the tree picture itself (the page scrolls inside its own container: a page shot stops short of it)
         trees.first.scroll_into_view_if_needed()
-        trees.first.screenshot(path=str(ROOT / "assets" / "screenshot-tree.png"))
+        trees.first.screenshot(path=str(_readme_shot("screenshot-tree.png")))
 
 
 XSS_PROMPT = ('Say <img src=x onerror="window.__xss=1;alert(1)"> and <script>window.__xss=2;alert(2)</script> '
@@ -312,5 +323,5 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
         _shot(page, "watch-phone.png")
         # the README shows the part a pupil watches: from the rounds down through the text, one phone screen tall
         top = page.get_by_role("heading", name="Turn by turn").bounding_box()["y"]
-        page.screenshot(path=str(ROOT / "assets" / "screenshot-phone.png"), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
+        page.screenshot(path=str(_readme_shot("screenshot-phone.png")), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
 

@@ -16,7 +16,6 @@ import os
 import platform
 import re
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from specviz.models.gguf import cache_dir
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_healthy
+from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = (ROOT / "requirements.txt", ROOT / "assets" / "torch-cpu.html")
@@ -158,16 +157,9 @@ def test_the_app_lock_installs_with_resolution_and_serves_the_app(tmp_path: Path
     print(f"\napp lock: {len(installed)} packages, {size / (1 << 30):.1f} GB in the venv, {install_s:.0f} s; "
           f"torch {installed['torch']['metadata']['version']} from {torch_from}")
 
-    port = _free_port()
-    log = open(tmp_path / "streamlit.log", "w")
-    proc = subprocess.Popen([str(venv / "bin" / "streamlit"), "run", "app.py", "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, timeout=120)
-        with _header_proxy(port) as proxy, sync_playwright() as p:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with streamlit_app(str(venv / "bin" / "python"), ARTIFACTS / "streamlit-install-test.log", 120) as url:
+        with _header_proxy(int(url.rsplit(":", 1)[1])) as proxy, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 # directly: the app on its default pair, loaded and ready for a prompt
@@ -199,15 +191,6 @@ def test_the_app_lock_installs_with_resolution_and_serves_the_app(tmp_path: Path
                 assert browser_id(third) not in (None, browser_id(first))
             finally:
                 browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        shutil.copyfile(tmp_path / "streamlit.log", ROOT / "test-artifacts" / "streamlit-install-test.log") \
-            if (ROOT / "test-artifacts").is_dir() else None
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"), "packages": len(installed),
                                  "venv_gb": round(size / (1 << 30), 2), "torch_from": torch_from}))
