@@ -1,4 +1,4 @@
-"""Named pairs from PyPI GGUF parts: locate -> join -> verify sha256 -> dequantize -> safetensors cache -> load."""
+"""Named pairs from PyPI GGUF parts: locate -> join -> verify sha256 -> dequantize -> safetensors cache (as loaded) -> load."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import torch
 from torch import nn
 
 from specviz.models import fetch
+from specviz.models import half
 from specviz.models.half import empty_half_linears
 from specviz.models.base import PairError, LoadProgress, _model_device, _no_progress, _oom_as_pair_error, _span
 
@@ -143,7 +144,15 @@ _PAIR_SOURCES: dict[str, tuple[GgufSource, GgufSource]] = {
     "smollm2-135m": (SMOLLM2_135M, SMOLLM2_135M),
 }
 
-_CACHE_FORMAT = 1  # bump when the cache layout changes so old folders are rebuilt
+_CACHE_FORMAT = 2  # bump when the cache layout changes so old folders are rebuilt
+_LEGACY_FORMAT = 1  # fp32 folders of specviz before the compact forms: still read for fp32, replaced on a default load
+
+# How a cache folder stores a model: as the load uses it, so that the cache is the size of what is used.
+#   fp32:  every tensor in fp32 (fp32, bf16 and int8 targets, and drafts in fp32 or bf16, start from it)
+#   fp16w: the linears' weights in fp16 (what models.half packs: the same values), the rest fp32 (an fp16w target)
+#   int8:  the int8 layers' per-channel int8 weights with their scales and zero points, the rest fp32 (an int8 draft)
+Form = Literal["fp32", "fp16w", "int8"]
+_INT8_PARTS = (".weight.int8", ".weight.scales", ".weight.zero_points")  # names of one int8 layer's weight in a cache file
 _MANIFEST = "specviz-manifest.json"
 _PROBE_TEXT = "def fibonacci(n):\n    return"  # fixed input whose logits must survive the conversion
 _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
@@ -154,6 +163,16 @@ _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
 # ----------------------------------------------------------------------------------------------
 
 
+def cache_form(precision: str) -> Form:
+    """The cache a model in this precision loads from: fp16w and int8 keep their own compact ones, the rest fp32."""
+    return precision if precision in ("fp16w", "int8") else "fp32"  # type: ignore[return-value]
+
+
+def cache_folder(src: GgufSource, form: Form = "fp32") -> Path:
+    """The folder of one model's cache in one form (the fp32 one keeps its old name)."""
+    return cache_dir() / (src.key if form == "fp32" else f"{src.key}-{form}")
+
+
 def _load_gguf_pair(
     draft_src: GgufSource,
     target_src: GgufSource,
@@ -161,48 +180,79 @@ def _load_gguf_pair(
     target_dtype: torch.dtype = torch.float32,
     draft_dtype: torch.dtype = torch.float32,
     finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
-    target_half: bool = False,
+    target_form: Form = "fp32",
+    draft_form: Form = "fp32",
 ) -> tuple[Any, nn.Module, nn.Module]:
     """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes.
 
     The draft is loaded and finished (quantized) first, so its fp32 copy is gone before the target
-    arrives: the peak is the larger of the fp32 draft and the finished draft plus the target.
+    arrives: the peak is the larger of the fp32 draft and the finished draft plus the target. A draft
+    of the same model as an fp32 target reads the target's cache (one folder, quantized at load).
     """
-    target_dir = ensure_cached(target_src, _span(report, 0.0, 0.6))
-    draft_dir = ensure_cached(draft_src, _span(report, 0.6, 0.85))
+    if draft_src == target_src and target_form == "fp32":
+        draft_form = "fp32"
+    target_dir = ensure_cached(target_src, _span(report, 0.0, 0.6), target_form)
+    draft_dir = ensure_cached(draft_src, _span(report, 0.6, 0.85), draft_form)
     report(0.86, f"loading {draft_src.title} (draft) from the cache")
     draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype))  # its own copy: safe to quantize
     report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
-    target = _load_cached_model(target_dir, target_src.title, target_dtype, half=target_half)
+    target = _load_cached_model(target_dir, target_src.title, target_dtype, half=target_form == "fp16w")
     return tokenizer, target, draft
 
 
-def ensure_cached(src: GgufSource, progress: LoadProgress | None = None) -> Path:
-    """The safetensors cache folder of `src`, built from the verified GGUF when missing or stale."""
+def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: Form = "fp32") -> Path:
+    """The cache folder of `src` in `form`, built when missing or stale.
+
+    A compact form is built from an fp32 folder of older specviz where there is one (faster than the
+    GGUF), and that folder is then removed with a note: the default load never keeps both.
+    """
     report = progress or _no_progress
-    final = cache_dir() / src.key
-    if _cache_is_valid(final, src):
+    final = cache_folder(src, form)
+    if _cache_is_valid(final, src, form):
         report(1.0, f"{src.title}: found in the cache")
         return final
     cache_dir().mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir() / f".{src.key}.lock"):
-        if _cache_is_valid(final, src):  # another process finished it while we waited
+    with _file_lock(cache_dir() / f".{final.name}.lock"):
+        if _cache_is_valid(final, src, form):  # another process finished it while we waited
             report(1.0, f"{src.title}: found in the cache")
             return final
-        _remove_leftovers(src)
+        _remove_leftovers(final.name)
+        legacy = cache_folder(src, "fp32")
+        if form != "fp32" and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
+            _migrate(legacy, src, form, final, report)
+            return final
         with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path:
-            _convert_to_cache(gguf_path, src, final, _span(report, 0.2, 1.0))
+            model, tokenizer = _dequantized(gguf_path, src, _span(report, 0.2, 0.6))
+            _write_cache(model, tokenizer, src, form, final, _span(report, 0.6, 1.0))
     return final
 
 
-def _cache_is_valid(folder: Path, src: GgufSource) -> bool:
-    """Trust a cache only if its manifest (written last, then renamed in) matches source and files."""
+def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
+    """Build a compact form from an fp32 folder of older specviz, then remove that folder, saying so."""
+    gb = sum(f.stat().st_size for f in legacy.iterdir() if f.is_file()) / 1e9
+    report(0.0, f"{src.title}: converting the fp32 cache of an older specviz ({gb:.1f} GB) to {form}")
+    model = _load_cached_model(legacy, src.title)
+    tokenizer = _load_cached_tokenizer(legacy)
+    _write_cache(model, tokenizer, src, form, final, _span(report, 0.2, 0.95))
+    shutil.rmtree(legacy, ignore_errors=True)
+    report(1.0, f"{src.title}: cached in {form}; removed the old fp32 cache ({gb:.1f} GB at {legacy}), "
+                f"which is converted again only if fp32 is asked for")
+
+
+def _cache_is_valid(folder: Path, src: GgufSource, form: Form = "fp32", legacy_only: bool = False) -> bool:
+    """Trust a cache only if its manifest (written last, then renamed in) matches source, form and files.
+
+    An fp32 folder written before the forms existed (format 1, no form recorded) still serves fp32;
+    `legacy_only` asks for exactly such a folder (the one a default load migrates).
+    """
     try:
         manifest = json.loads((folder / _MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    if manifest.get("format") != _CACHE_FORMAT or manifest.get("source_sha256") != src.sha256:
+    legacy = manifest.get("format") == _LEGACY_FORMAT and form == "fp32"
+    current = manifest.get("format") == _CACHE_FORMAT and manifest.get("form") == form
+    if not (legacy if legacy_only else legacy or current) or manifest.get("source_sha256") != src.sha256:
         return False
     files = manifest.get("files") or {}
     return bool(files) and all(_size(folder / f) == n for f, n in files.items())
@@ -230,9 +280,9 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _remove_leftovers(src: GgufSource) -> None:
-    """Delete temp folders of an interrupted build of `src` (we hold its lock, so none is live)."""
-    for stale in cache_dir().glob(f".{src.key}.tmp-*"):
+def _remove_leftovers(name: str) -> None:
+    """Delete temp folders of an interrupted build of the folder `name` (we hold its lock, so none is live)."""
+    for stale in cache_dir().glob(f".{name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -339,42 +389,110 @@ def _check_sums(src: GgufSource, whole: str, part_sums: list[str]) -> None:
     )
 
 
-def _convert_to_cache(gguf_path: Path, src: GgufSource, final: Path, report: LoadProgress) -> None:
-    """Dequantize the GGUF, save safetensors + tokenizer into a temp folder, check, rename into place."""
+def _dequantized(gguf_path: Path, src: GgufSource, report: LoadProgress) -> tuple[nn.Module, Any]:
+    """The model dequantized from the GGUF to fp32, and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{src.key}.tmp-", dir=cache_dir()))
+    with _oom_as_pair_error(src.title):
+        report(0.0, f"{src.title}: reading the tokenizer from GGUF")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
+        report(0.3, f"{src.title}: dequantizing GGUF to fp32")
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False
+        ).eval()
+    _drop_gguf_quantizer(model)
+    return model, tokenizer
+
+
+def _write_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
+    """Bring an fp32 model to `form` (in place), save it with its tokenizer into a temp folder, check, rename into place.
+
+    The check loads the folder as a load will and compares one pass's logits with the model's own in
+    that form: a cache that changes a value is refused, not used.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder once renamed
     try:
-        report(0.0, f"{src.title}: reading the tokenizer from GGUF")
-        with _oom_as_pair_error(src.title):
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
-            report(0.15, f"{src.title}: dequantizing GGUF to fp32")
-            model = AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False
-            ).eval()
+        with _oom_as_pair_error(src.title), torch.no_grad():
+            _to_form(model, form, src.title, report)
             probe_ids = _probe_ids(tokenizer)
             expected = _logits(model, probe_ids)
-            report(0.6, f"{src.title}: saving the safetensors cache")
-            _drop_gguf_quantizer(model)
-            model.save_pretrained(tmp)
+            report(0.3, f"{src.title}: saving the {form} cache")
+            if form == "fp32":
+                model.save_pretrained(tmp)
+            else:
+                _save_form(model, tmp)
             tokenizer.save_pretrained(tmp)
-            del model  # never hold two copies: the 1.5B is ~7 GB
+            del model  # never hold two copies: the fp32 1.5B is ~7 GB
             gc.collect()
-            report(0.85, f"{src.title}: checking the cache gives the same logits")
-            reloaded = _load_cached_model(tmp, src.title)
+            report(0.7, f"{src.title}: checking the cache gives the same logits")
+            reloaded = _load_cached_model(tmp, src.title, half=form == "fp16w")
             diff = (_logits(reloaded, probe_ids) - expected).abs().max().item()
             del reloaded
             gc.collect()
         if not diff <= 1e-4:  # bit-identical in practice; a real conversion fault is far larger
-            raise PairError(f"{src.title}: the safetensors cache changed the logits (max diff {diff:.3g}); not cached")
-        _write_manifest(tmp, src, diff)
+            raise PairError(f"{src.title}: the {form} cache changed the logits (max diff {diff:.3g}); not cached")
+        _write_manifest(tmp, src, form, diff)
         if final.exists():  # stale or incomplete: replace (we hold the lock)
             shutil.rmtree(final)
         os.replace(tmp, final)  # atomic: a cache folder is complete or absent
-        report(1.0, f"{src.title}: cached")
+        size = sum(f.stat().st_size for f in final.iterdir() if f.is_file()) / 1e9
+        report(1.0, f"{src.title}: cached in {form} ({size:.1f} GB)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _to_form(model: nn.Module, form: Form, title: str, report: LoadProgress) -> None:
+    """Give an fp32 model the layers of `form` in place, as a load in that precision does (same calls, same bits)."""
+    from specviz.models.precision import quantize_int8
+
+    if form == "fp16w":
+        report(0.05, f"{title}: storing the linears' weights in fp16")
+        half.half_linears(model)
+    elif form == "int8":
+        report(0.05, f"{title}: quantizing the linears to int8 (per channel)")
+        quantize_int8(model)
+
+
+def _is_int8(module: nn.Module) -> bool:
+    return isinstance(module, torch.ao.nn.quantized.dynamic.Linear)
+
+
+def _stored_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor a load needs, as the model holds it: fp16 weights of fp16-weight linears, int8 layers' int8
+    weights with their scales and zero points, everything else fp32; a head tied to the embedding is left out."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    head = model.get_output_embeddings()
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, half.HalfLinear) and not (tied and module is head):
+            out[f"{name}.weight"] = module.unpacked_weight().half()  # the fp16 values fbgemm holds, exactly
+        elif _is_int8(module):
+            weight, bias = module._weight_bias()
+            if weight.qscheme() != torch.per_channel_affine or weight.q_per_channel_axis() != 0:
+                raise PairError(f"{name}: only per-channel int8 weights (axis 0) can be cached")
+            ints, scales, zeros = weight.int_repr(), weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
+            out.update(zip((name + p for p in _INT8_PARTS), (ints, scales, zeros)))
+            if bias is not None:
+                out[f"{name}.bias"] = bias.detach()
+    for name, param in model.named_parameters():  # tied tensors once
+        out.setdefault(name, param.detach())
+    for prefix, module in model.named_modules():
+        for bname, buf in module._buffers.items():
+            if buf is not None and bname not in module._non_persistent_buffers_set:
+                out[f"{prefix}.{bname}" if prefix else bname] = buf
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _save_form(model: nn.Module, folder: Path) -> None:
+    """model.safetensors with the tensors as held, plus the config and generation config."""
+    from safetensors.torch import save_file
+
+    save_file(_stored_tensors(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(folder / "model.safetensors", 0o644)  # as save_pretrained leaves its files: readable by the app's other users
+    model.config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
 
 
 def _drop_gguf_quantizer(model: nn.Module) -> None:
@@ -384,13 +502,14 @@ def _drop_gguf_quantizer(model: nn.Module) -> None:
         del model.config.quantization_config  # else the saved config asks for a GGUF file on reload
 
 
-def _write_manifest(folder: Path, src: GgufSource, probe_diff: float) -> None:
+def _write_manifest(folder: Path, src: GgufSource, form: Form, probe_diff: float) -> None:
     """Record what the folder was built from; written last and fsynced, so it vouches for the rest."""
     import transformers
 
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     manifest = {
         "format": _CACHE_FORMAT,
+        "form": form,
         "model": src.title,
         "source_file": src.filename,
         "source_sha256": src.sha256,
@@ -421,43 +540,92 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
     in place, so the peak memory is the model in `dtype` plus one tensor: no fp32 copy of a bf16
     model, and no memory-mapped file pages counted on top (from_pretrained maps the file, and
     copying out of the mapping held both: 14 GB at the peak for the fp32 1.5B target). With `half`,
-    every linear is an fp16-weight HalfLinear filled as its weight is read (models.half): the fp32
-    matrices are never all in memory at once. An fp32 model's input embedding is the one tensor
+    every linear is an fp16-weight HalfLinear filled as its weight is read (models.half) from an fp16
+    or fp32 file: the fp32 matrices are never all in memory at once. Layers stored in int8 (an int8
+    draft's cache) come back as the same int8 layers. An fp32 model's input embedding is the one tensor
     that is mapped, not read: a step looks up one row of it, so only the rows used are ever in
     memory (Qwen 1.5B: 0.93 GB of embedding otherwise).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
+    path = folder / "model.safetensors"
     with _oom_as_pair_error(title):
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+        int8_names = sorted(n[: -len(_INT8_PARTS[0])] for n in _header(path) if n.endswith(_INT8_PARTS[0]))
+        slots = _int8_slots(model, int8_names)
         sinks = empty_half_linears(model) if half else {}
         model.to_empty(device="cpu")  # storage without values: every tensor is filled below
         mapped = {_param_name(model, model.get_input_embeddings().weight)} if dtype == torch.float32 else set()
-        missing = _read_weights(folder / "model.safetensors", model, sinks, mapped)
+        extras: dict[str, torch.Tensor] = {}
+        missing = _read_weights(path, model, sinks, mapped, extras)
+        missing -= {f"{n}.weight" for n in int8_names}
         _rebuild_buffers(model, config)
-        if missing - _not_in_file(model, config):
+        if missing - _not_in_file(model, config) or len(extras) != len(_INT8_PARTS) * len(int8_names):
             raise PairError(f"{title}: the cache lacks {sorted(missing)[:3]}; delete {folder} to rebuild it")
+        _fill_int8(model, slots, extras)
         head = sinks.get("lm_head.weight")
         if head is not None and "lm_head.weight" in missing:  # a tied head: its own fp16 copy of the embedding
             head.load(model.get_input_embeddings().weight)
-        elif not half:
+        elif not half and "lm_head" not in slots:
             model.tie_weights()
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_dict(json.loads((folder / "generation_config.json").read_text()))
     return model.eval()
 
 
+class _Int8Slot(nn.Module):
+    """Where an int8 layer goes while its parts are read: holds only the bias (filled like any parameter)."""
+
+    def __init__(self, layer: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.bias = layer.bias
+
+
+def _int8_slots(model: nn.Module, names: list[str]) -> dict[str, _Int8Slot]:
+    """Put a slot in place of each linear stored in int8 (on the meta device: no fp32 weight is ever allocated)."""
+    slots = {}
+    for name in names:
+        layer = model.get_submodule(name)
+        if not isinstance(layer, nn.Linear):
+            raise PairError(f"the cache stores {name} in int8, but the model has no linear layer there")
+        slots[name] = _Int8Slot(layer)
+        model.set_submodule(name, slots[name])
+    return slots
+
+
+def _fill_int8(model: nn.Module, slots: dict[str, _Int8Slot], parts: dict[str, torch.Tensor]) -> None:
+    """Replace each slot by the dynamic int8 layer of its stored weight: the layer quantize_int8 made, bit for bit."""
+    for name, slot in slots.items():
+        ints, scales, zeros = (parts[name + p] for p in _INT8_PARTS)
+        weight = torch._make_per_channel_quantized_tensor(ints, scales, zeros, 0)
+        layer = torch.ao.nn.quantized.dynamic.Linear(slot.in_features, slot.out_features, dtype=torch.qint8)
+        layer.set_weight_bias(weight, None if slot.bias is None else slot.bias.detach())
+        model.set_submodule(name, layer)
+
+
 def _param_name(model: nn.Module, param: torch.Tensor) -> str:
     return next(name for name, p in model.named_parameters(remove_duplicate=False) if p is param)
 
 
-def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset()) -> set[str]:
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "F64": torch.float64, "I64": torch.int64}
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
+    with open(path, "rb") as fh:
+        return json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+
+
+def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset(),
+                  extras: dict[str, torch.Tensor] | None = None) -> set[str]:
     """Fill the model's parameters and persistent buffers from a safetensors file, one tensor at a time; returns the names it lacked.
 
-    A name in `sinks` goes to that layer's `load(tensor)` instead (the fp16-weight linears of models.half);
-    a name in `mapped` becomes a copy-on-write map of the file (pages read when first touched).
+    A name in `sinks` goes to that layer's `load(tensor)` instead (the fp16-weight linears of models.half,
+    from fp16 or fp32); a name in `mapped` becomes a copy-on-write map of the file (pages read when first
+    touched); the parts of int8 layers go into `extras`. Every other tensor must be fp32.
     """
     import numpy as np
 
@@ -468,23 +636,29 @@ def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = N
         header = json.loads(fh.read(header_len))
         start = 8 + header_len
         for name, entry in header.items():
-            if name == "__metadata__" or (name not in targets and name not in sinks):
+            wanted = name in targets or name in sinks or (extras is not None and name.endswith(_INT8_PARTS))
+            if name == "__metadata__" or not wanted:
                 continue
-            if entry["dtype"] != "F32":
-                raise PairError(f"unexpected {entry['dtype']} tensor {name} in {path}: the cache is fp32")
+            dtype = _DTYPES.get(entry["dtype"])
+            allowed = {torch.float32} | ({torch.float16} if name in sinks else set()) | (
+                {torch.int8, torch.float64, torch.int64} if name.endswith(_INT8_PARTS) else set())
+            if dtype not in allowed:
+                raise PairError(f"unexpected {entry['dtype']} tensor {name} in {path}; delete the cache folder to rebuild it")
             begin, end = entry["data_offsets"]
             shape = tuple(entry["shape"])
-            if end - begin != math.prod(shape) * 4:
+            if end - begin != math.prod(shape) * dtype.itemsize:
                 raise PairError(f"{path}: tensor {name} has the wrong size; delete the cache folder to rebuild it")
             if name in mapped:
                 view = np.memmap(path, dtype=np.float32, mode="c", offset=start + begin, shape=shape)
                 targets[name].data = torch.from_numpy(view)  # the array keeps the mapping open as long as the model lives
                 continue
-            raw = torch.empty(shape, dtype=torch.float32)  # one fp32 tensor at a time (two while packing)
+            raw = torch.empty(shape, dtype=dtype)  # one tensor at a time (two while packing)
             fh.seek(start + begin)
-            fh.readinto(memoryview(raw.numpy().view(np.uint8).reshape(-1)))
+            fh.readinto(memoryview(raw.view(-1).view(torch.uint8).numpy()))
             if name in sinks:
                 packer.submit(sinks[name].load, raw)
+            elif name.endswith(_INT8_PARTS):
+                extras[name] = raw  # type: ignore[index]
             else:
                 with torch.no_grad():
                     targets[name].copy_(raw)  # casts to the model's dtype in place

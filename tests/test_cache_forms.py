@@ -1,0 +1,165 @@
+"""The weight cache holds each model as its precision loads it (fp16 weights, int8 layers), and gives back the same bits."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz.models import gguf, half
+from specviz.models.base import PairError
+from specviz.models.gguf import GgufSource, cache_folder, cache_form
+from specviz.models.tiny import tiny_tokenizer
+
+IDS = torch.tensor([[3, 17, 200, 45, 99, 120, 7, 64, 250, 31]])
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    monkeypatch.setenv("SPECVIZ_CACHE", str(folder))
+    return folder
+
+
+def _source(key: str = "tiny-qwen") -> GgufSource:
+    return GgufSource(key=key, title="Tiny Qwen2", filename="tiny.gguf", sha256="a" * 64, parts=())
+
+
+def _tiny_qwen() -> torch.nn.Module:
+    """A random Qwen2 (biases in q/k/v, a head tied to the embedding): the layout of the default pair's models."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=257, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         max_position_embeddings=256, eos_token_id=256)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=IDS).logits
+
+
+def _in_form(model: torch.nn.Module, form: str) -> torch.nn.Module:
+    """What a load in that precision makes of the fp32 model in memory (the reference)."""
+    gguf._to_form(model, form, "ref", lambda f, m: None)
+    return model
+
+
+def _folder_bytes(folder: Path) -> int:
+    return (folder / "model.safetensors").stat().st_size
+
+
+def test_the_precision_picks_its_cache_form() -> None:
+    assert [cache_form(p) for p in ("fp32", "fp16w", "bf16", "int8")] == ["fp32", "fp16w", "fp32", "int8"]
+    src = _source()
+    assert cache_folder(src).name == "tiny-qwen" and cache_folder(src, "int8").name == "tiny-qwen-int8"
+
+
+@pytest.mark.parametrize("form", ["fp16w", "int8"])
+def test_a_compact_cache_loads_the_layers_its_precision_makes_bit_for_bit(tmp_cache: Path, form: str) -> None:
+    src, model = _source(), _tiny_qwen()
+    reference = _in_form(copy.deepcopy(model), form)
+    messages: list[str] = []
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, form, cache_folder(src, form), lambda f, m: messages.append(m))
+
+    folder = cache_folder(src, form)
+    loaded = gguf._load_cached_model(folder, "Tiny", half=form == "fp16w")
+    assert torch.equal(_logits(loaded), _logits(reference))
+    kinds = {type(m).__name__ for m in loaded.modules()}
+    assert ("HalfLinear" in kinds) == (form == "fp16w")
+    assert any(gguf._is_int8(m) for m in loaded.modules()) == (form == "int8")
+    manifest = json.loads((folder / gguf._MANIFEST).read_text())
+    assert manifest["form"] == form and manifest["probe_max_abs_diff"] == 0.0
+    assert gguf._cache_is_valid(folder, src, form) and not gguf._cache_is_valid(folder, src, "fp32")
+    assert f"cached in {form}" in messages[-1]
+
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    assert _folder_bytes(folder) < 0.75 * _folder_bytes(cache_folder(src))  # smaller than the fp32 cache
+    # the stored tensors: fp16 weights or int8 layers, the embedding (and the norms) exactly as they were
+    header = gguf._header(folder / "model.safetensors")
+    dtypes = {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+    assert dtypes == ({"F16", "F32"} if form == "fp16w" else {"I8", "F64", "I64", "F32"})
+    assert header["model.embed_tokens.weight"]["dtype"] == "F32" and "lm_head.weight" not in header
+
+
+def test_an_int8_cache_keeps_the_fp32_down_projections_which_fp16w_then_takes_as_a_default_draft_does(tmp_cache: Path) -> None:
+    src, model = _source(), _tiny_qwen()
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, "int8", cache_folder(src, "int8"), lambda f, m: None)
+    header = gguf._header(cache_folder(src, "int8") / "model.safetensors")
+    assert header["model.layers.0.mlp.down_proj.weight"]["dtype"] == "F32"
+    loaded = gguf._load_cached_model(cache_folder(src, "int8"), "Tiny")
+    reference = _in_form(copy.deepcopy(model), "int8")
+    assert half.half_linears(loaded) == half.half_linears(reference) == 2  # the light set-up: down projections in fp16
+    assert torch.equal(_logits(loaded), _logits(reference))
+
+
+def _as_legacy(folder: Path) -> None:
+    """Make a folder look like an fp32 cache of specviz before the forms (format 1, no form recorded)."""
+    path = folder / gguf._MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["format"] = 1
+    del manifest["form"]
+    path.write_text(json.dumps(manifest))
+
+
+def test_an_old_fp32_cache_is_converted_once_then_removed_with_a_note(tmp_cache: Path) -> None:
+    src, model = _source(), _tiny_qwen()
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    _as_legacy(cache_folder(src))
+    assert gguf._cache_is_valid(cache_folder(src), src, "fp32")  # still serves an fp32 load as it is
+
+    messages: list[str] = []
+    folder = gguf.ensure_cached(src, lambda f, m: messages.append(m), form="fp16w")  # no GGUF: it must come from the old folder
+    assert folder == cache_folder(src, "fp16w") and not cache_folder(src).exists()
+    assert "removed the old fp32 cache" in messages[-1] and str(cache_folder(src)) in messages[-1]
+    assert torch.equal(_logits(gguf._load_cached_model(folder, "Tiny", half=True)), _logits(_in_form(model, "fp16w")))
+    assert sorted(p.name for p in tmp_cache.iterdir() if not p.name.startswith(".")) == ["tiny-qwen-fp16w"]
+
+
+def test_an_fp32_cache_asked_for_is_kept_beside_a_compact_one(tmp_cache: Path) -> None:
+    """Only an old folder is migrated away: one written because fp32 was asked for stays (rebuilding it costs minutes)."""
+    src, model = _source(), _tiny_qwen()
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    assert not gguf._cache_is_valid(cache_folder(src), src, "fp32", legacy_only=True)
+    with pytest.raises(PairError):  # the fake source has no GGUF to build int8 from; the fp32 folder is not touched
+        gguf.ensure_cached(src, form="int8")
+    assert gguf._cache_is_valid(cache_folder(src), src, "fp32")
+
+
+def test_a_cache_with_a_tensor_of_the_wrong_kind_is_refused(tmp_cache: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    src, model = _source(), _tiny_qwen()
+    gguf._write_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp16w", cache_folder(src, "fp16w"), lambda f, m: None)
+    path = cache_folder(src, "fp16w") / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].half()  # a norm in fp16 would change values
+    save_file(tensors, str(path))
+    with pytest.raises(PairError, match="unexpected F16 tensor model.norm.weight"):
+        gguf._load_cached_model(cache_folder(src, "fp16w"), "Tiny", half=True)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("form", ["fp16w", "int8"])
+def test_smollm2_from_its_gguf_in_a_compact_form_equals_its_fp32_cache_converted(tmp_cache: Path, form: str) -> None:
+    """Real weights, the whole path: GGUF -> dequantize -> form -> file -> load gives the fp32 cache's model in that form."""
+    src = gguf.SMOLLM2_135M
+    real_cache = Path.home() / ".cache" / "specviz"
+    if (real_cache / "packages").is_dir():  # a fetched weight package: share it instead of fetching it again
+        (tmp_cache / "packages").symlink_to(real_cache / "packages")
+    folder = gguf.ensure_cached(src, form=form)
+    fp32_folder = gguf.ensure_cached(src)
+    loaded = gguf._load_cached_model(folder, src.title, half=form == "fp16w")
+    reference = _in_form(gguf._load_cached_model(fp32_folder, src.title), form)
+    ids = torch.tensor([list(range(100, 140))])
+    with torch.inference_mode():
+        assert torch.equal(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
+    assert _folder_bytes(folder) < 0.6 * _folder_bytes(fp32_folder)
+    shutil.rmtree(folder)
