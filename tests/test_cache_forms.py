@@ -161,5 +161,5 @@ def test_smollm2_from_its_gguf_in_a_compact_form_equals_its_fp32_cache_converted
     ids = torch.tensor([list(range(100, 140))])
     with torch.inference_mode():
         assert torch.equal(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
-    assert _folder_bytes(folder) < 0.6 * _folder_bytes(fp32_folder)
+    assert _folder_bytes(folder) < 0.7 * _folder_bytes(fp32_folder)  # SmolLM2: its fp32 embedding is a fifth of the model
     shutil.rmtree(folder)

@@ -441,7 +441,11 @@ def test_cache_is_trusted_only_when_complete(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"x" * 10)
     assert not gguf._cache_is_valid(folder, src)  # no manifest
-    gguf._write_manifest(folder, src, 0.0)
+    gguf._write_manifest(folder, src, "fp16w", 0.0)
+    assert gguf._cache_is_valid(folder, src, "fp16w")
+    assert not gguf._cache_is_valid(folder, src) and not gguf._cache_is_valid(folder, src, "int8")  # another form
+    (folder / gguf._MANIFEST).unlink()  # a manifest is written once, into a folder without one
+    gguf._write_manifest(folder, src, "fp32", 0.0)
     assert gguf._cache_is_valid(folder, src)
     (folder / "model.safetensors").write_bytes(b"x" * 9)
     assert not gguf._cache_is_valid(folder, src)  # truncated file
