@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,18 +17,17 @@ from specviz.app import predict
 from specviz.viz import predict as predict_view
 from specviz.app.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
-from specviz.app.sidebar import settings
+from specviz.app.sidebar import current_policy, settings
+from specviz.labs import busy
+from specviz.serve.measure import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, BatchEffect, PassCost, PassCostConfig, Reference, batch_config,
-    load_reference, measure_batch_effect, measure_pass_cost,
+    GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, PassCost, PassCostConfig, Reference, load_reference, measure_pass_cost,
 )
 from specviz.viz import why_cheap as why_cheap_view
-from specviz.viz.strip import speed_words
 
 P = "why_cheap."  # session_state prefix of this page
 GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
-BATCH_REPEATS = 7  # with 3 the medians jumped between batch sizes (1.32 → 1.72 → 1.23 → 1.35×, issue 13); 7 steady them
 ss = st.session_state
 
 log = logging.getLogger("specviz.app")
@@ -58,11 +58,6 @@ PASS = Section("pass", ("How long does checking take?", "One pass, more new toke
                ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
                "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
                "on this CPU).", "Timing the target's passes", "The repeats or the pair")
-BATCH = Section("batch", ("Many stories at once", "Busy servers: the batch effect"), "cheap_batch",
-                ("Try many at once", "Measure the batch effect"), ":material/stacks:", "Repeats per batch size", BATCH_REPEATS,
-                "Each repeat times a step, a verify pass and a draft step at every batch size (about 6 s per repeat "
-                "with the Qwen pair on this CPU).", "Measuring the batch effect",
-                "γ, the decoding mode, the repeats or the pair")
 
 
 def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], Any],
@@ -153,74 +148,118 @@ def _noise_note(spread: float, s: Settings) -> None:
                "with more repeats when the server is quiet.", icon=":material/timer_off:")
 
 
-def _machine_line(measured: PassCost | BatchEffect) -> str:
+def _machine_line(measured: PassCost) -> str:
     m = measured.machine
     where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
     return f"Measured on {where}, pair {measured.pair}, with {measured.context_tokens} tokens already in the KV cache."
 
 
 # ------------------------------------------------------------------------------------------
-# Section 2: the batch effect
+# Section 2: busy servers, measured (real batched runs; a shipped recording in a classroom)
 # ------------------------------------------------------------------------------------------
 
 
-def _batch_words(effect: BatchEffect, s: Settings) -> str:
-    sp = effect.speedups
-    first, last = effect.points[0], effect.points[-1]
-    if s.level == "d1":
-        one = effect.run_speedup if effect.run_speedup is not None else sp[0]  # the real run, timed end to end
-        return (f"Writing **one** story at a time, the helper made it {speed_words(one)}. "
-                f"Writing **{last.batch}** stories at once, it would make it {speed_words(sp[-1])}.")
-    a = f"{effect.alpha:.0%}" if effect.alpha is not None else "–"
-    real = f"{effect.run_speedup:.2f}×" if effect.run_speedup is not None else "–"
-    grow = (f"A verify pass of {effect.gamma + 1} tokens cost **{first.verify_ratio:.2f}** one-token steps at batch "
-            f"{first.batch} and **{last.verify_ratio:.2f}** at batch {last.batch}.")
-    sps = " → ".join(f"{x:.2f}×" if x is not None else "–" for x in sp)
-    tpc = f"{effect.run_tokens_per_call:.2f}" if effect.run_tokens_per_call is not None else "–"
-    if s.level == "d5":
-        real += f" with {tpc} tokens per target call and c = {effect.c:.3f}" if effect.c is not None else ""
-    return (f"Short real run at batch 1 (γ = {effect.gamma}): acceptance α = **{a}**, measured speed-up **{real}**. "
-            f"{grow} Expected speed-up at batch sizes {', '.join(str(p.batch) for p in effect.points)}: **{sps}**.")
+BUSY_SHOWN = P + "busy.shown"  # "recording" or "live": which figures this session asked to see
 
 
-def _batch_section(s: Settings, reference: Reference | None) -> None:
+def _recordings() -> tuple[BatchReport | None, BatchReport | None]:
+    """The shipped recordings (short prompts, long context); a broken file is logged and left out, never fatal."""
+    found = []
+    for path in (busy.RECORDING, busy.LONG_RECORDING):
+        try:
+            found.append(busy.load_recording(path))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("batch recording %s ignored", path.name, exc_info=exc)
+            found.append(None)
+    return found[0], found[1]
+
+
+def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> BatchReport | None:
+    """The prediction, then the two ways to the answer: the recorded run, or a live measurement on this server."""
     d1 = s.level == "d1"
-    note = None if d1 else (f"Uses the sidebar's γ = {s.gamma} and decoding mode; always drafts with the pair's small "
-                            "model (batching is about models). Batch sizes 1, 2, 4, 8 — fewer if memory would not "
-                            "allow them.")
-    effect = _measurement(BATCH, s, lambda repeats: batch_config(s, repeats),
-                          lambda pair, cfg: measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids,
-                                                                 s.pair, cfg), note)
-    if effect is None:
+    predict.ask(P, predict_view.BUSY, "Answer, then press a button: the measurement answers it.")
+    with st.container(horizontal=True, vertical_alignment="bottom", gap="small"):
+        if recording is not None and st.button("Show what happened" if d1 else "Show the recorded measurement",
+                                               key=f"{P}busy_recorded", icon=":material/history:", type="primary"):
+            ss[BUSY_SHOWN] = "recording"
+        pressed = live_ok and st.button("Try it on this computer" if d1 else "Measure on this server",
+                                        key=f"{P}busy_live", icon=":material/stacks:")
+        repeats = st.number_input("Repeats per batch size", 1, 5, value=busy.LAB_REPEATS, step=1, key=f"{P}busy_repeats",
+                                  width=200, help="Each repeat runs every batch size once more; the chart's whiskers "
+                                  "span the repeats. Batch 1–16 with 3 repeats takes about 10 minutes with the Qwen "
+                                  "pair on a 2-core CPU.") if live_ok and not d1 else busy.LAB_REPEATS
+    if not live_ok:
+        st.caption("In this classroom the recorded measurement is shown: a live one would hold the shared models "
+                   "for minutes. The operator can allow it (`SPECVIZ_CLASSROOM_LIVE_BATCH=1`).")
+    cfg = busy.lab_config(s, bounded(repeats, 1, 5, busy.LAB_REPEATS))
+    key = ("why_cheap.busy", s.pair, cfg)
+    slot = jobs.Slot(P + "busy", ("Running the batches",), "Measure on this server", changed=(
+        "γ, the repeats or the pair changed since this measurement: press **{button}** to measure them; "
+        "the previous figures stay until then."))
+    if pressed:
+        pair = pair_or_message(s.pair, key=P + "busy_retry")
+        if pair is not None:
+            jobs.start(slot, {key: lambda: batch_steps(pair, s.pair, cfg)})
+            ss[BUSY_SHOWN] = "live"
+    if ss.get(BUSY_SHOWN) == "live" and live_ok:
+        done = jobs.results(slot, (key,))
+        return done[0] if done else None
+    return recording if ss.get(BUSY_SHOWN) == "recording" else None
+
+
+def _busy_source(report: BatchReport, recorded: bool) -> str:
+    when = "Recorded with the same code" if recorded else "Measured just now on this server"
+    return (f"{when}: pair {report.pair}, {report.machine or 'this machine'}, greedy, γ = {report.gamma}, "
+            f"{report.max_new_tokens} new tokens per run, the presets' prompts cycled."
+            + (f" Command: `{busy.RECORD_COMMAND}`." if recorded else ""))
+
+
+def _busy_section(s: Settings, reference: Reference | None) -> None:
+    d1 = s.level == "d1"
+    st.subheader("A whole class at once" if d1 else "Busy servers: batches, measured")
+    lesson_md(s.level, "cheap_batch")
+    recording, long = _recordings()
+    live_ok = current_policy().batch_lab_live
+    report = _busy_buttons(s, recording, live_ok)
+    if report is None:
         return
-    if not effect.points:
-        st.warning(f"No batch size could be measured: {effect.stopped}.")
-        return
-    st.markdown(_batch_words(effect, s))
-    if line := why_cheap_view.batch_pattern_sentence(effect, s.level):
+    last, first = report.sizes[-1], report.sizes[0]
+    predict.reveal(P, predict_view.BUSY, predict_view.reveal_busy(last.batch, last.speedup, first.speedup))
+    st.markdown(busy.busy_words(report, s.level))
+    if line := busy.pattern_words(report, s.level):
         st.markdown(line)
     fs = font_size(s)
-    ref = reference.batch_effect if reference else None
     if d1:
-        _chart(why_cheap_view.batch_speedup_figure(effect, None, fs, x_title="stories written at once",
-                                             y_title="how much faster with the helper (×)"), "batch_speedup")
+        _chart(why_cheap_view.busy_figure(report, None, fs, x_title="pupils sharing the big model",
+                                          y_title="how much faster with the helper (×)", name="what the stopwatch said"),
+               "busy_speedup")
     else:
         left, right = st.columns(2, gap="medium")
         with left:
-            _chart(why_cheap_view.batch_speedup_figure(effect, ref, fs), "batch_speedup")
+            _chart(why_cheap_view.busy_figure(report, long if s.level == "d5" else None, fs), "busy_speedup")
         with right:
-            _chart(why_cheap_view.batch_cost_figure(effect, fs), "batch_cost")
-    _noise_note(effect.spread, s)
-    if effect.stopped:
-        st.caption(f":material/memory: {effect.stopped}.")
+            _chart(why_cheap_view.busy_cost_figure(report, fs), "busy_cost")
+    if report.stopped:
+        st.caption(f":material/timer_off: {report.stopped}.")
+    if not all(x.identical for x in report.sizes):
+        st.error("Some batched runs differed from the same runs made alone: the executor broke its promise here. "
+                 "Please report it with the JSON below.", icon=":material/error:")
     if not d1:
-        st.info("Computed from **measured pass times**, not a batched speculative run: α and c come from a real "
-                "run at batch 1, and the verify cost r(b) from timed passes at each batch size, put into Leviathan's "
-                "formula. The green star is the real run's measured speed-up, for comparison.",
-                icon=":material/functions:")
+        rows = busy.table_rows(report)
+        st.dataframe(rows, hide_index=True)
+        with st.container(horizontal=True, gap="small"):
+            st.download_button("CSV", busy.csv_text(rows), file_name="specviz-batches.csv", mime="text/csv",
+                               icon=":material/download:", key=f"{P}busy_csv")
+            st.download_button("JSON", json.dumps(report.as_dict(), ensure_ascii=False, indent=1),
+                               file_name="specviz-batches.json", mime="application/json",
+                               icon=":material/download:", key=f"{P}busy_json")
+    st.caption(_busy_source(report, report is recording))
     if s.level == "d5":
-        st.dataframe(why_cheap_view.batch_table(effect), hide_index=True)
-    st.caption(_machine_line(effect))
+        if long is not None:
+            st.markdown(busy.long_words(long, report))
+            st.caption(f"Long-context recording: {long.machine}; command: `{busy.LONG_COMMAND}`.")
+        if words := busy.gpu_words(reference):
+            st.markdown(words)
 
 
 # ------------------------------------------------------------------------------------------
@@ -274,7 +313,7 @@ def main() -> None:
         reference = None
     _pass_section(s, reference)
     st.divider()
-    _batch_section(s, reference)
+    _busy_section(s, reference)
     st.divider()
     _hardware_section(s, reference)
 

@@ -664,8 +664,9 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_why_cheap(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "why-cheap", help="time one target pass over 1..16 new tokens, and the batch effect on the speed-up",
-        description="Time one target pass over 1..16 new tokens on a KV cache, and the batch effect on "
-        "speculative decoding's speed-up (the measurement of the app's 'Why checking is cheap' page).",
+        description="Time one target pass over 1..16 new tokens on a KV cache (the first measurement of the app's "
+        "'Why checking is cheap' page), and the batch effect on speculative decoding's speed-up estimated from timed "
+        "passes at each batch size (how the GPU figures were made; `specviz batch` measures it with real batched runs).",
     )
     p.add_argument("--pair", default=None, help="model pair (default: the project's default pair)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")

@@ -257,6 +257,28 @@ def test_every_lab_page_runs_in_chromium(server):
             _shot(page, f"lab-{path}.png")
 
 
+def test_the_busy_server_lab_answers_a_prediction_with_its_recording_in_chromium(server):
+    """The batch lab at D5: predict, show the shipped recording, see its chart, table and words (no model is loaded)."""
+    from playwright.sync_api import expect
+
+    with _chromium_page(2600, 120_000, width=1440) as page:
+        page.goto(f"{server}/why_cheap?level=d5")
+        heading = page.get_by_role("heading", name="Busy servers: batches, measured")
+        expect(heading).to_be_visible()
+        page.get_by_text("A bit faster", exact=True).click()
+        page.get_by_role("button", name=re.compile("Show the recorded measurement")).click()
+        expect(page.get_by_text(re.compile(r"You predicted .A bit faster."))).to_be_visible()
+        expect(page.get_by_text(re.compile("Speed-up of speculative decoding over plain decoding"))).to_be_visible()
+        section = page.locator('[data-testid="stPlotlyChart"]').filter(has=page.locator("text=/runs sharing the big model/"))
+        expect(section.first).to_be_visible()
+        page.wait_for_timeout(1500)
+        _no_exception(page)
+        top = heading.bounding_box()["y"]
+        end = page.get_by_text(re.compile("^Recorded with the same code")).bounding_box()
+        page.screenshot(path=str(_readme_shot("screenshot-batch.png")), full_page=True,
+                        clip={"x": 0, "y": top - 16, "width": 1440, "height": end["y"] + end["height"] - top + 32})
+
+
 @contextlib.contextmanager
 def _chromium_page(height: int, timeout_ms: int, width: int = 1280) -> Iterator[Any]:
     """One Chromium page (1280 px wide unless asked), with the timeouts set; the browser is always closed."""

@@ -192,27 +192,6 @@ def test_the_shipped_gpu_figures_hold_only_valid_numbers_and_say_what_follows():
         assert "1.16" in lesson(level, "cheap_hardware") and "85–95 %" in lesson(level, "cheap_hardware")
 
 
-def _effect(ranges: list[tuple[float, float]]) -> why_cheap.BatchEffect:
-    """Batch points whose repeats' verify costs spread as given (steps 10 ms, draft 1 ms)."""
-    points = tuple(why_cheap.BatchPoint(b, (10.0, 10.0, 10.0), (10.0 * lo, 10.0 * (lo + hi) / 2, 10.0 * hi), (1.0,) * 3)
-                   for b, (lo, hi) in zip((1, 2, 4, 8), ranges))
-    return why_cheap.BatchEffect("x", why_cheap.Machine("cpu", "test", 2), 4, 10, 0.8, 0.1, 1.5, 3.0, points, None)
-
-
-def test_the_batch_effect_says_plainly_when_the_textbook_pattern_does_not_show():
-    declines = _effect([(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (2.5, 2.6)])
-    assert declines.pattern() == "declines" and "textbook pattern shows" in why_cheap_view.batch_pattern_sentence(declines)
-    flat = _effect([(1.5, 2.5), (1.2, 1.3), (1.0, 1.1), (1.6, 2.2)])
-    assert flat.pattern() == "flat"
-    said = why_cheap_view.batch_pattern_sentence(flat)
-    assert "does not show the textbook pattern" in said and "2-core CPU" in said
-    lo, hi = flat.speedup_range(flat.points[0])
-    assert lo < flat.speedups[0] < hi
-    fig = why_cheap_view.batch_speedup_figure(flat)
-    whiskers = [t for t in fig.data if t.error_y is not None and t.error_y.array is not None]
-    assert len(whiskers) == 1 and len(whiskers[0].error_y.array) == 4
-
-
 # ------------------------------------------------------------------------------------------ 4: the int8 draft
 
 

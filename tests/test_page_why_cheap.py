@@ -10,8 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz.app import jobs
+from specviz.labs import busy
 from specviz.labs import why_cheap as vc
-from tests.test_app_watch import no_exception, texts, open_page as open_app_page
+from tests.test_app_watch import html, no_exception, texts, open_page as open_app_page
 
 PAGE = "pages/why_cheap.py"
 
@@ -47,15 +48,15 @@ def pass_done(at: AppTest) -> bool:
     return "One plain decoding step" in texts(at) or "words at once" in texts(at)
 
 
-def batch_done(at: AppTest) -> bool:
-    return "Short real run at batch 1" in texts(at) or "stories at once, it makes it" in texts(at)
+def busy_done(at: AppTest) -> bool:
+    return "Speed-up of speculative decoding over plain decoding" in texts(at) or "pupils sharing it" in texts(at)
 
 
 def test_page_opens_without_running_a_model():
     at = open_page()
     assert at.title[0].value == "Why checking is cheap"
     labels = [b.label for b in at.button]
-    assert "Measure pass times" in labels and "Measure the batch effect" in labels
+    assert "Measure pass times" in labels and "Show the recorded measurement" in labels and "Measure on this server" in labels
     assert not at.get("plotly_chart")  # nothing measured yet
     # the shipped H200 figures: a second machine, clearly labelled, times only
     assert "A second machine: NVIDIA H200" in texts(at) and "random weights" in texts(at)
@@ -99,25 +100,48 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     assert "changed since this measurement" in texts(at) and pass_done(at)
 
 
-def test_batch_effect_appears_with_its_honest_caption():
-    at = open_page(level="d5", gamma="3")
-    at.number_input(key="why_cheap.batch_repeats").set_value(1)
-    at.button(key="why_cheap.go_batch").click().run()
+def test_the_recorded_batches_answer_the_prediction_with_chart_table_and_downloads():
+    at = open_page(level="d5")
+    at.radio(key="why_cheap.predict.busy").set_value("A bit faster").run()
+    at.button(key="why_cheap.busy_recorded").click().run()
     no_exception(at)
-    wait_for(at, batch_done)
-    key = at.session_state["why_cheap.batch"]
-    assert key[2].gamma == 3 and key[2].repeats == 1
-    assert any("not a batched speculative run" in i.value for i in at.info)
-    assert "expected speed-up (×)" in chart_titles(at) and "batch size (sequences per pass)" in chart_titles(at)
-    spec = next(c for c in charts(at) if c["layout"]["yaxis"]["title"]["text"] == "expected speed-up (×)")
-    names = [t.get("name") for t in spec["data"]]
-    assert "1.0 = no gain" in names and any(str(n).startswith("this machine") for n in names)
-    table = next(d.value for d in at.dataframe if "r = verify ÷ step" in d.value.columns)
-    assert list(table["batch"]) == [1, 2, 4, 8]
-    job = jobs.runner().get(key)
+    recording = busy.load_recording()
+    last = recording.sizes[-1]
+    assert f"{last.speedup:.2f}× as fast" in html(at) and "You predicted “A bit faster”" in html(at)
+    assert busy.busy_words(recording, "d5").split(" Verify cost")[0].replace("**", "") in texts(at).replace("**", "")
+    assert "runs sharing the big model (batch size)" in chart_titles(at)
+    spec = next(c for c in charts(at) if c["layout"]["xaxis"]["title"]["text"].startswith("runs sharing"))
+    assert any("prompts of 1500 tokens" in str(t.get("name")) for t in spec["data"])  # D5: the long-context recording
+    table = next(d.value for d in at.dataframe if "verify cost (steps)" in d.value.columns)
+    assert list(table["batch"]) == [s.batch for s in recording.sizes]
+    assert {b.label for b in at.get("download_button")} == {"CSV", "JSON"}
+    assert "MagicDec (2024)" in texts(at) and "Recorded with the same code" in texts(at)
     at.radio(key="cfg.level").set_value("d1").run()
     no_exception(at)
-    assert "stories at once" in texts(at) and jobs.runner().get(key) is job
+    assert "pupils sharing it" in texts(at) and "pupils sharing the big model" in chart_titles(at)
+
+
+def test_a_live_batch_measurement_runs_as_a_job_with_the_sidebars_gamma():
+    at = open_page(level="d2", gamma="3")
+    at.number_input(key="why_cheap.busy_repeats").set_value(1)
+    at.button(key="why_cheap.busy_live").click().run()
+    no_exception(at)
+    wait_for(at, busy_done, timeout=240)
+    key = at.session_state["why_cheap.busy"]
+    assert key[0] == "why_cheap.busy" and key[2].gamma == 3 and key[2].repeats == 1
+    assert "Measured just now on this server" in texts(at)
+    table = next(d.value for d in at.dataframe if "verify cost (steps)" in d.value.columns)
+    assert list(table["batch"]) == [1, 2, 4, 8, 16] and all(table["identical to alone"])
+
+
+def test_a_classroom_shows_the_recording_unless_the_operator_allows_live_batches(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CLASSROOM", "1")
+    at = open_page(level="d2")
+    assert not any(b.key == "why_cheap.busy_live" for b in at.button)
+    assert "SPECVIZ_CLASSROOM_LIVE_BATCH=1" in texts(at)
+    monkeypatch.setenv("SPECVIZ_CLASSROOM_LIVE_BATCH", "1")
+    at = open_page(level="d2")
+    assert any(b.key == "why_cheap.busy_live" for b in at.button)
 
 
 def test_gpu_figures_file_is_shown_when_present(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ ENV_PAIR = "SPECVIZ_CLASSROOM_PAIR"  # classroom: the one pair pupils use
 ENV_MAX_NEW = "SPECVIZ_CLASSROOM_MAX_NEW"  # classroom: the largest max-new-tokens
 ENV_DRAFTERS = "SPECVIZ_CLASSROOM_DRAFTERS"  # classroom: drafters pupils may use, comma-separated
 ENV_WAITING = "SPECVIZ_MAX_WAITING"  # waiting runs per browser
+ENV_LIVE_BATCH = "SPECVIZ_CLASSROOM_LIVE_BATCH"  # classroom: "1" lets pupils start the batch lab's live measurement
 SECRETS_TABLE = "specviz"
 WAITING_PER_BROWSER = 4  # two Play presses (each queues a run and its baseline): a class of 30 waits behind 120 at most
 WAITING_RANGE = (1, 20)
@@ -55,6 +56,12 @@ class Policy:
     max_new_tokens: int = MAX_NEW_RANGE[1]  # the largest max-new-tokens a visitor may ask for
     drafters: tuple[str, ...] = DRAFTERS  # drafters visitors may use
     waiting_per_browser: int = WAITING_PER_BROWSER  # queued runs one browser may have at once
+    live_batch: bool = False  # classroom: the batch lab may measure live (it holds the shared worker for minutes)
+
+    @property
+    def batch_lab_live(self) -> bool:
+        """Whether a visitor may start the batch lab's live measurement (else it shows the shipped recording)."""
+        return not self.classroom or self.live_batch
 
     @property
     def pairs(self) -> tuple[str, ...]:
@@ -117,6 +124,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--drafters")
     parser.add_argument("--allow-pair", dest="allow", action="append", default=[])
     parser.add_argument("--max-waiting", dest="max_waiting")
+    parser.add_argument("--live-batch", dest="live_batch", action="store_true")
     known, _ = parser.parse_known_args(list(argv))
     return known
 
@@ -154,7 +162,8 @@ def load_policy(named: Sequence[str], env: Mapping[str, str], secrets: Mapping[s
                     pair=str(pair) if pair else None,
                     max_new_tokens=max_new if (classroom and max_new) else MAX_NEW_RANGE[1],
                     drafters=tuple(drafters) if classroom else DRAFTERS,
-                    waiting_per_browser=waiting or WAITING_PER_BROWSER)
+                    waiting_per_browser=waiting or WAITING_PER_BROWSER,
+                    live_batch=bool(args.live_batch) or _flag(env.get(ENV_LIVE_BATCH, "")) or _flag(room.get("live_batch", False)))
     if policy.pair is not None and policy.pair not in policy.named + policy.allowed:
         problems.append(f"classroom pair {policy.pair!r} is neither a named nor an allowed pair: ignored")
         policy = replace(policy, pair=None)

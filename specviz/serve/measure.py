@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from specviz.core.drafters import make_drafter
 from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_program
 from specviz.core.rounds import solo_run
 from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
-from specviz.core.progress import drain
+from specviz.core.progress import Progress, drain
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.presets import PRESETS
 from specviz.serve.batch import MAX_RUNS, run_together
@@ -43,6 +43,7 @@ class BatchConfig:
     gamma: int = 4
     context: int = 0  # tokens per prompt from one long document (0: the presets and the load test's prompts)
     repeats: int = 1  # times each size is measured (the speed-up's range across them is reported)
+    time_limit_s: float = 0.0  # stop before a size that would end past this many seconds (0: no limit)
 
     def __post_init__(self) -> None:
         if not self.sizes or any(not 1 <= b <= MAX_RUNS for b in self.sizes):
@@ -53,6 +54,8 @@ class BatchConfig:
             raise ValueError(f"context must be 0 or 16..{CONTEXT_MAX} tokens, got {self.context}")
         if not 1 <= self.repeats <= 5:
             raise ValueError(f"repeats must be 1..5, got {self.repeats}")
+        if self.time_limit_s < 0:
+            raise ValueError(f"time_limit_s must be >= 0, got {self.time_limit_s}")
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,30 @@ class BatchReport:
     exact: bool  # the target's passes were shared (else one run per forward, and `note` says why)
     note: str
     sizes: tuple[SizeResult, ...]
+    machine: str = ""  # where it was measured: "cpu: <name>, N threads" or "cuda: <GPU name>"
+    stopped: str | None = None  # why the largest sizes asked for were not measured (memory, the time limit)
+    kv_bytes_per_token: int = 0  # the target's KV cache per token of one run (all layers, keys and values)
+    weight_bytes: int = 0  # the target's weights: what every step reads whatever the batch
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def declines(self) -> bool:
+        """Whether the speed-up at the largest batch is clearly below batch 1's (beyond both ranges)."""
+        first, last = self.sizes[0], self.sizes[-1]
+        return len(self.sizes) > 1 and last.speedup_range[1] < first.speedup_range[0]
+
+
+def report_from_dict(d: Mapping[str, Any]) -> BatchReport:
+    """A report read back from `python -m specviz batch --json` (a shipped recording); KeyError/TypeError when it is not one."""
+    names = {f.name for f in fields(SizeResult)}
+    sizes = tuple(SizeResult(**{k: (tuple(v) if k == "speedup_range" else v) for k, v in row.items() if k in names})
+                  for row in d["sizes"])
+    if not sizes:
+        raise ValueError("a batch recording without sizes")
+    top = {f.name for f in fields(BatchReport)} - {"sizes"}
+    return BatchReport(**{k: v for k, v in d.items() if k in top}, sizes=sizes)
 
 
 def batch_prompts(n: int) -> list[str]:
@@ -117,7 +141,25 @@ def _same(a: Generation, b: Generation) -> bool:
 
 def measure_batches(pair: Any, pair_name: str, config: BatchConfig,
                     say: Callable[[str], None] = lambda _: None) -> BatchReport:
-    """Run every size twice (target alone, speculative) and check each run against itself alone."""
+    """Run every size twice (target alone, speculative) and check each run against itself alone (the command line's way)."""
+    return drain(batch_steps(pair, pair_name, config), lambda p: say(p.message))
+
+
+Available = Callable[[Any], int]  # free bytes where a batch would live, for a device
+
+
+def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Available | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> Generator[Progress, None, BatchReport]:
+    """The measurement as a job: yields Progress (runs done, time left) and returns the report.
+
+    Sizes are measured smallest first; one that would not fit in free memory, or would end past the
+    time limit (estimated from the size before it), is not started, and the report says why.
+    """
+    from specviz.labs.why_cheap import available_bytes, batch_bytes, machine_of, memory_problem, model_device
+    from specviz.models.registry import _model_bytes
+
+    free = available or available_bytes
+    device = model_device(pair.target)
     exactness = batch_exactness(pair.target, MAX_ROWS)
     gen = GenerationConfig(max_new_tokens=config.max_new_tokens, gamma=config.gamma)
     plain_cfg = GenerationConfig(max_new_tokens=config.max_new_tokens, gamma=1)
@@ -127,6 +169,14 @@ def measure_batches(pair: Any, pair_name: str, config: BatchConfig,
     else:
         ids = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in batch_prompts(n)]
     drafter = make_drafter("model", pair.draft)
+    total = sum(2 * config.repeats * b for b in config.sizes) + 2 * n  # runs: batched ones, and each run alone once
+    done = 0
+    start = clock()
+
+    def progress(message: str) -> Progress:
+        elapsed = clock() - start
+        left = f"; about {elapsed / done * (total - done):.0f} s left" if done else ""
+        return Progress(done, total, f"{message}{left}")
 
     def plain(i: int) -> Any:
         return autoregressive_program(pair.target, pair.tokenizer, ids[i], plain_cfg, pair.eos_ids)
@@ -134,55 +184,94 @@ def measure_batches(pair: Any, pair_name: str, config: BatchConfig,
     def spec(i: int) -> Any:
         return speculative_program(pair.target, drafter, pair.tokenizer, ids[i], gen, pair.eos_ids)
 
-    say("warming up")
+    yield progress("warming up")
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids[0][:8], GenerationConfig(max_new_tokens=3), pair.eos_ids))
     alone: dict[tuple[str, int], tuple[Generation, float]] = {}
 
-    def reference(kind: str, i: int) -> Generation:
+    def reference(kind: str, i: int) -> Generator[Progress, None, Generation]:
         """The same run alone (timed: the runs one after another are what batching is measured against)."""
+        nonlocal done
         if (kind, i) not in alone:
-            say(f"{kind} run {i + 1} alone")
-            t0 = time.perf_counter()
-            gen = drain(solo_run(plain(i) if kind == "plain" else spec(i)))
-            alone[kind, i] = gen, time.perf_counter() - t0
+            yield progress(f"{'target alone' if kind == 'plain' else 'speculative'}: run {i + 1} by itself")
+            t0 = clock()
+            result = drain(solo_run(plain(i) if kind == "plain" else spec(i)))
+            alone[kind, i] = result, clock() - t0
+            done += 1
         return alone[kind, i][0]
 
     def alone_rate(kind: str, b: int) -> float:
-        for i in range(b):
-            reference(kind, i)
         runs = [alone[kind, i] for i in range(b)]
         return sum(len(g.tokens) for g, _ in runs) / sum(sec for _, sec in runs)
 
-    rows = []
+    rows: list[SizeResult] = []
+    stopped: str | None = None
+    last: tuple[int, float] | None = None  # (batch, seconds its measurement took)
     for b in config.sizes:
+        need = batch_bytes(pair.target.config, b, config.gamma + 1, len(ids[0]) + config.max_new_tokens) + \
+            batch_bytes(pair.draft.config, b, 1, len(ids[0]) + config.max_new_tokens)
+        stopped = memory_problem(need, free(device), b)
+        if stopped is None and config.time_limit_s and last is not None:
+            estimate = last[1] * b / last[0]  # batched time grows at most in proportion to the runs
+            if clock() - start + estimate > config.time_limit_s:
+                stopped = (f"stopped before batch {b}: it would take about {estimate:.0f} s more, past this lab's "
+                           f"limit of {config.time_limit_s:.0f} s")
+        if stopped:
+            break
+        t_size = clock()
+        for kind in ("plain", "spec"):
+            for i in range(b):
+                yield from reference(kind, i)
         tries = []
         for k in range(config.repeats):
-            say(f"batch {b}: target alone" + (f" (repeat {k + 1} of {config.repeats})" if config.repeats > 1 else ""))
+            again = f" (repeat {k + 1} of {config.repeats})" if config.repeats > 1 else ""
+            yield progress(f"batch {b}: {b} runs together, target alone{again}")
             p_gens, _, p_wall = run_together([plain(i) for i in range(b)], pair.target)
-            say(f"batch {b}: speculative")
+            done += b
+            yield progress(f"batch {b}: {b} runs together, speculative{again}")
             s_gens, s_share, s_wall = run_together([spec(i) for i in range(b)], pair.target)
+            done += b
             tries.append((p_gens, p_wall, s_gens, s_share, s_wall))
-        same = all(_same(g, reference("plain", i)) for t in tries for i, g in enumerate(t[0])) and all(
-            _same(g, reference("spec", i)) for t in tries for i, g in enumerate(t[2]))
-        rates = [(sum(len(g.tokens) for g in t[0]) / t[1], sum(len(g.tokens) for g in t[2]) / t[4]) for t in tries]
-        speedups = sorted(sp / pl for pl, sp in rates)
-        p_gens, p_wall, s_gens, s_share, s_wall = tries[len(tries) // 2]
-        step_ms = statistics.median(r.verify_ms for r in reference("plain", 0).rounds)  # a one-token step, alone
-        verify = [r.verify_ms for g in s_gens for r in g.rounds if r.draft_ids]
-        rounds = [r for g in s_gens for r in g.rounds]
-        rows.append(SizeResult(
-            batch=b, plain_tokens_per_s=round(statistics.median(r[0] for r in rates), 3),
-            spec_tokens_per_s=round(statistics.median(r[1] for r in rates), 3),
-            plain_alone_tokens_per_s=round(alone_rate("plain", b), 3), spec_alone_tokens_per_s=round(alone_rate("spec", b), 3),
-            speedup=round(statistics.median(speedups), 3), speedup_range=(round(speedups[0], 3), round(speedups[-1], 3)),
-            identical=same,
-            alpha=_r(acceptance_drafted(rounds)), tokens_per_target_call=_r(tokens_per_target_call(rounds)),
-            plain_wall_s=round(p_wall, 2), spec_wall_s=round(s_wall, 2),
-            runs_per_target_pass=round(statistics.fmean(s.mean for s in s_share), 2),
-            verify_steps=_r(statistics.median(verify) / step_ms) if verify and step_ms else None,
-        ))
+        rows.append(_size_result(b, tries, alone, alone_rate))
+        last = (b, clock() - t_size)
+        yield progress(f"batch {b} measured: speed-up {rows[-1].speedup:.2f}×")
     return BatchReport(pair_name, config.max_new_tokens, config.gamma, config.context, exactness.exact, exactness.reason,
-                       tuple(rows))
+                       tuple(rows), _machine_line(machine_of(device)), stopped, _kv_bytes_per_token(pair.target),
+                       _model_bytes(pair.target))
+
+
+def _kv_bytes_per_token(target: Any) -> int:
+    from specviz.labs.why_cheap import _dims
+
+    d = _dims(target.config)
+    return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * next(target.parameters()).element_size()
+
+
+def _size_result(b: int, tries: list[tuple], alone: dict[tuple[str, int], tuple[Generation, float]],
+                 alone_rate: Callable[[str, int], float]) -> SizeResult:
+    """One size's row from its repeats: medians, the speed-up's range, and whether every run equals itself alone."""
+    same = all(_same(g, alone["plain", i][0]) for t in tries for i, g in enumerate(t[0])) and all(
+        _same(g, alone["spec", i][0]) for t in tries for i, g in enumerate(t[2]))
+    rates = [(sum(len(g.tokens) for g in t[0]) / t[1], sum(len(g.tokens) for g in t[2]) / t[4]) for t in tries]
+    speedups = sorted(sp / pl for pl, sp in rates)
+    p_gens, p_wall, s_gens, s_share, s_wall = tries[len(tries) // 2]
+    step_ms = statistics.median(r.verify_ms for r in alone["plain", 0][0].rounds)  # a one-token step, alone
+    verify = [r.verify_ms for g in s_gens for r in g.rounds if r.draft_ids]
+    rounds = [r for g in s_gens for r in g.rounds]
+    return SizeResult(
+        batch=b, plain_tokens_per_s=round(statistics.median(r[0] for r in rates), 3),
+        spec_tokens_per_s=round(statistics.median(r[1] for r in rates), 3),
+        plain_alone_tokens_per_s=round(alone_rate("plain", b), 3), spec_alone_tokens_per_s=round(alone_rate("spec", b), 3),
+        speedup=round(statistics.median(speedups), 3), speedup_range=(round(speedups[0], 3), round(speedups[-1], 3)),
+        identical=same,
+        alpha=_r(acceptance_drafted(rounds)), tokens_per_target_call=_r(tokens_per_target_call(rounds)),
+        plain_wall_s=round(p_wall, 2), spec_wall_s=round(s_wall, 2),
+        runs_per_target_pass=round(statistics.fmean(s.mean for s in s_share), 2),
+        verify_steps=_r(statistics.median(verify) / step_ms) if verify and step_ms else None,
+    )
+
+
+def _machine_line(m: Any) -> str:
+    return f"cpu: {m.name}, {m.threads} threads" if m.device == "cpu" else f"{m.device}: {m.name}"
 
 
 def _r(x: float | None) -> float | None:

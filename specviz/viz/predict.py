@@ -32,6 +32,24 @@ RACE = Question("race", "How much faster will the helper make this run?",
                 ("Slower than the big model alone", "About the same", "About twice as fast", "Three times or more"))
 CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, compared with making 1 token?",
                  ("About as long (under 2×)", "A few times as long (2–8×)", "About 16 times as long (over 8×)"))
+BUSY = Question("busy", "With 16 pupils sharing the big model, how much faster will the helper make it?",
+                ("Still about twice as fast", "A bit faster", "About the same", "Slower than without the helper"))
+
+
+def busy_choice(speedup: float) -> str:
+    """The BUSY choice a measured speed-up at the largest batch falls in."""
+    if speedup >= 1.6:
+        return BUSY.choices[0]
+    if speedup >= 1.1:
+        return BUSY.choices[1]
+    if speedup > 0.9:
+        return BUSY.choices[2]
+    return BUSY.choices[3]
+
+
+def reveal_busy(batch: int, speedup: float, alone: float) -> Reveal:
+    return Reveal(busy_choice(speedup), f"Measured: with {batch} runs together the helper made it {speedup:.2f}× as fast "
+                  f"(with one run: {alone:.2f}×).")
 
 
 def gamma_question(gammas: Sequence[int]) -> Question:

@@ -1,4 +1,4 @@
-"""Figures and tables of the "Why checking is cheap" lab: pass time against new tokens, speed-up against batch size."""
+"""Figures and tables of the "Why checking is cheap" lab: pass time against new tokens, measured speed-up against batch size."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.how_far import best_case_speedup
-from specviz.labs.why_cheap import BatchEffect, PassCost, Reference, StepCost
+from specviz.labs.why_cheap import PassCost, Reference, StepCost
+from specviz.serve.measure import BatchReport
 from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere
@@ -59,53 +60,6 @@ def pass_ratio_figure(cost: PassCost, reference: PassCost | None = None, font_si
                   yaxis=dict(title=y_title, type="log", tickvals=[1, 2, 4, 8, 16]))
 
 
-def batch_speedup_figure(effect: BatchEffect, reference: BatchEffect | None = None, font_size: int = 14,
-                         x_title: str = "batch size (sequences per pass)",
-                         y_title: str = "expected speed-up (×)") -> go.Figure:
-    """Expected speed-up at each batch size from measured pass times, with the 1.0 line and the real batch-1 run."""
-    fig = go.Figure()
-    batches = [p.batch for p in effect.points]
-    if reference is not None:
-        batches = sorted(set(batches) | {p.batch for p in reference.points})
-    fig.add_scatter(x=batches, y=[1.0] * len(batches), mode="lines", name="1.0 = no gain",
-                    line=dict(color=PLAIN_COLOUR, dash="dash"))
-    ranges = [effect.speedup_range(p) for p in effect.points]
-    mids = list(effect.speedups)
-    spread = None
-    if all(r is not None and m is not None for r, m in zip(ranges, mids)):  # whiskers: lowest to highest repeat
-        spread = dict(type="data", symmetric=False, array=[r[1] - m for r, m in zip(ranges, mids)],
-                      arrayminus=[m - r[0] for r, m in zip(ranges, mids)], color=SPEED_COLOUR, thickness=1.5, width=6)
-    fig.add_scatter(x=[p.batch for p in effect.points], y=mids, mode="lines+markers", error_y=spread,
-                    name=f"this machine ({effect.machine.device}): median, whiskers = repeats' range",
-                    line=dict(color=SPEED_COLOUR, width=3), marker=dict(symbol="diamond", size=9),
-                    hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
-    if effect.run_speedup is not None:
-        fig.add_scatter(x=[1], y=[effect.run_speedup], mode="markers", name="real speculative run (batch 1)",
-                        marker=dict(color=ACC_COLOUR, symbol="star", size=14),
-                        hovertemplate="real run: %{y:.2f}×<extra></extra>")
-    if reference is not None:
-        fig.add_scatter(x=[p.batch for p in reference.points], y=list(reference.speedups), mode="lines+markers",
-                        name=f"{reference.machine.name} ({reference.pair})", line=dict(color=GPU_COLOUR, width=3),
-                        marker=dict(symbol="square", size=8), hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
-    return layout(fig, 360, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                  yaxis=dict(title=y_title, rangemode="tozero"))
-
-
-def batch_cost_figure(effect: BatchEffect, font_size: int = 14, x_title: str = "batch size (sequences per pass)",
-                      y_title: str = "time of the pass (ms)") -> go.Figure:
-    """Median ms of the one-token step and of the (γ+1)-token verify pass at each batch size."""
-    fig = go.Figure()
-    batches = [p.batch for p in effect.points]
-    fig.add_scatter(x=batches, y=[p.step_median_ms for p in effect.points], mode="lines+markers",
-                    name="step: 1 new token per sequence", line=dict(color=PLAIN_COLOUR, width=3),
-                    marker=dict(symbol="circle", size=8))
-    fig.add_scatter(x=batches, y=[p.verify_median_ms for p in effect.points], mode="lines+markers",
-                    name=f"verify: {effect.gamma + 1} new tokens per sequence", line=dict(color=SPEED_COLOUR, width=3),
-                    marker=dict(symbol="diamond", size=9))
-    return layout(fig, 320, font_size, xaxis=_log2_axis(tuple(batches), x_title),
-                   yaxis=dict(title=y_title, rangemode="tozero"))
-
-
 def gpu_sentence(reference: Reference, gamma: int) -> str:
     """What the second machine's valid figures say: the cost of a 16-token pass, the draft's c, and what follows."""
     pc, sc = reference.pass_cost, reference.step_cost
@@ -135,33 +89,6 @@ def step_cost_table(sc: StepCost) -> pd.DataFrame:
     })
 
 
-def batch_pattern_sentence(effect: BatchEffect, level: str = "d2") -> str:
-    """Whether this measurement shows the textbook decline with batch size, said plainly, with the reason if not."""
-    pattern = effect.pattern()
-    if pattern == "unknown":
-        return ""
-    first, last = effect.points[0].batch, effect.points[-1].batch
-    n = min(len(p.step_ms) for p in effect.points)
-    if pattern == "declines":
-        return ("As the textbook says: the bigger the batch, the smaller the gain." if level == "d1" else
-                f"The textbook pattern shows: at batch {last} the whole range of the {n} repeats lies below batch "
-                f"{first}'s — the batch uses up the spare compute that made checking cheap.")
-    if level == "d1":
-        return ("This small computer does not show the usual pattern (a busy server gains less): its numbers jump "
-                "around more than they change with the batch, and it has only two cores.")
-    why = ("On this 2-core CPU the pattern is masked: at batch 1 the plain step uses a fast one-row routine that later "
-           "batches lose, so the verify pass looks dear at batch 1 and cheaper at 2–4, and the batches here are too "
-           "small to use up the cores' arithmetic, where the decline would start. Other work on the shared cores "
-           "moves single repeats too.")
-    if pattern == "rises":
-        return (f"**This measurement does not show the textbook pattern**: the gain at batch {last} lies above batch "
-                f"{first}'s over all {n} repeats. {why}")
-    if pattern == "flat":
-        return (f"**This measurement does not show the textbook pattern**: the ranges of the {n} repeats at batch "
-                f"{first} and batch {last} overlap, so these figures cannot tell the batch sizes apart. {why}")
-    return ""
-
-
 def pass_table(cost: PassCost) -> pd.DataFrame:
     """One row per pass size: median, fastest and slowest time, cost in one-token steps, time per token."""
     return pd.DataFrame({
@@ -174,15 +101,41 @@ def pass_table(cost: PassCost) -> pd.DataFrame:
     })
 
 
-def batch_table(effect: BatchEffect) -> pd.DataFrame:
-    """One row per batch size: median step, verify and draft times, their ratios, and the expected speed-up."""
-    ps = effect.points
-    return pd.DataFrame({
-        "batch": [p.batch for p in ps],
-        "step ms": [round(p.step_median_ms, 1) for p in ps],
-        f"verify ms (γ+1 = {effect.gamma + 1})": [round(p.verify_median_ms, 1) for p in ps],
-        "r = verify ÷ step": [round(p.verify_ratio, 2) for p in ps],
-        "draft step ms": [round(p.draft_median_ms, 1) for p in ps],
-        "c(b)": [round(c, 3) if (c := effect.c_at(p)) is not None else None for p in ps],
-        "expected speed-up": [round(x, 2) if x is not None else None for x in effect.speedups],
-    })
+LONG_COLOUR = "#CC79A7"  # Okabe–Ito reddish purple: the long-context recording
+
+
+def busy_figure(report: BatchReport, long: BatchReport | None = None, font_size: int = 14,
+                x_title: str = "runs sharing the big model (batch size)",
+                y_title: str = "speed-up over plain decoding (×)", name: str | None = None) -> go.Figure:
+    """Measured speed-up against batch size: the median with the repeats' range as whiskers, the 1.0 line, and the
+    long-context recording beside it when given."""
+    fig = go.Figure()
+    batches = sorted({s.batch for s in report.sizes} | ({s.batch for s in long.sizes} if long else set()))
+    fig.add_scatter(x=batches, y=[1.0] * len(batches), mode="lines", name="1.0 = no gain",
+                    line=dict(color=PLAIN_COLOUR, dash="dash"))
+    for rep, colour, label, symbol in ((report, SPEED_COLOUR, name or f"short prompts, γ = {report.gamma}", "diamond"),
+                                       (long, LONG_COLOUR, f"prompts of {long.context if long else 0} tokens", "square")):
+        if rep is None:
+            continue
+        mids = [s.speedup for s in rep.sizes]
+        fig.add_scatter(x=[s.batch for s in rep.sizes], y=mids, mode="lines+markers",
+                        error_y=dict(type="data", symmetric=False, array=[s.speedup_range[1] - s.speedup for s in rep.sizes],
+                                     arrayminus=[s.speedup - s.speedup_range[0] for s in rep.sizes], color=colour,
+                                     thickness=1.5, width=6),
+                        name=f"{label}: median, whiskers = repeats' range", line=dict(color=colour, width=3),
+                        marker=dict(symbol=symbol, size=9), hovertemplate="batch %{x}: %{y:.2f}×<extra></extra>")
+    top = max([1.2, *[s.speedup_range[1] for s in report.sizes], *([s.speedup_range[1] for s in long.sizes] if long else [])])
+    return layout(fig, 380, font_size, xaxis=_log2_axis(tuple(batches), x_title),
+                  yaxis=dict(title=y_title, range=[0, top * 1.1]))
+
+
+def busy_cost_figure(report: BatchReport, font_size: int = 14, x_title: str = "batch size",
+                     y_title: str = "verify pass (one-token steps)") -> go.Figure:
+    """What a shared verify pass cost at each batch size, in one-token steps of a run alone."""
+    fig = go.Figure()
+    rows = [s for s in report.sizes if s.verify_steps is not None]
+    fig.add_scatter(x=[s.batch for s in rows], y=[s.verify_steps for s in rows], mode="lines+markers",
+                    name=f"verify pass of γ + 1 = {report.gamma + 1} tokens per run", line=dict(color=SPEED_COLOUR, width=3),
+                    marker=dict(symbol="diamond", size=9), hovertemplate="batch %{x}: %{y:.2f} steps<extra></extra>")
+    return layout(fig, 380, font_size, xaxis=_log2_axis(tuple(s.batch for s in rows), x_title),
+                  yaxis=dict(title=y_title, rangemode="tozero"))
