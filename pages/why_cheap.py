@@ -193,7 +193,7 @@ def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> 
                    "for minutes. The operator can allow it (`SPECVIZ_CLASSROOM_LIVE_BATCH=1`).")
     cfg = busy.lab_config(s, bounded(repeats, 1, 5, busy.LAB_REPEATS))
     key = ("why_cheap.busy", s.pair, cfg)
-    slot = jobs.Slot(P + "busy", ("Running the batches",), "Measure on this server", changed=(
+    slot = jobs.Slot(P + "busy", ("Running the batches",), "Try it on this computer" if d1 else "Measure on this server", changed=(
         "γ, the repeats or the pair changed since this measurement: press **{button}** to measure them; "
         "the previous figures stay until then."))
     if pressed:

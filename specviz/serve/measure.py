@@ -207,8 +207,8 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
     stopped: str | None = None
     last: tuple[int, float] | None = None  # (batch, seconds its measurement took)
     for b in config.sizes:
-        need = batch_bytes(pair.target.config, b, config.gamma + 1, len(ids[0]) + config.max_new_tokens) + \
-            batch_bytes(pair.draft.config, b, 1, len(ids[0]) + config.max_new_tokens)
+        longest = max(len(x) for x in ids[:b]) + config.max_new_tokens
+        need = batch_bytes(pair.target.config, b, config.gamma + 1, longest) + batch_bytes(pair.draft.config, b, 1, longest)
         stopped = memory_problem(need, free(device), b)
         if stopped is None and config.time_limit_s and last is not None:
             estimate = last[1] * b / last[0]  # batched time grows at most in proportion to the runs
