@@ -223,6 +223,9 @@ def _busy_section(s: Settings, reference: Reference | None) -> None:
     report = _busy_buttons(s, recording, live_ok)
     if report is None:
         return
+    if not report.sizes:  # not even batch 1 fitted in the free memory
+        st.warning(f"No batch size could be measured: {report.stopped}.", icon=":material/memory:")
+        return
     last, first = report.sizes[-1], report.sizes[0]
     predict.reveal(P, predict_view.BUSY, predict_view.reveal_busy(last.batch, last.speedup, first.speedup))
     st.markdown(busy.busy_words(report, s.level))
