@@ -13,6 +13,7 @@ from specviz.labs import why_cheap as vc
 from specviz.serve.measure import BatchConfig, BatchReport, SizeResult, batch_steps, report_from_dict
 from specviz.viz import predict as predict_view
 from specviz.viz import why_cheap as why_cheap_view
+from tests.test_verify_cost import _drain
 
 NUMBER = re.compile(r"\d+\.\d\d")
 
@@ -140,15 +141,6 @@ def tiny():
     from specviz.models import load_pair
 
     return load_pair("tiny-random")
-
-
-def _drain(steps):
-    items = []
-    while True:
-        try:
-            items.append(next(steps))
-        except StopIteration as stop:
-            return items, stop.value
 
 
 class StepClock:

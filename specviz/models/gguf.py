@@ -230,7 +230,7 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
 
 def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
     """Build a compact form from an fp32 folder of older specviz, then remove that folder, saying so."""
-    gb = sum(f.stat().st_size for f in legacy.iterdir() if f.is_file()) / 1e9
+    gb = _folder_gb(legacy)
     report(0.0, f"{src.title}: converting the fp32 cache of an older specviz ({gb:.1f} GB) to {form}")
     model = _load_cached_model(legacy, src.title)
     tokenizer = _load_cached_tokenizer(legacy)
@@ -238,6 +238,11 @@ def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: Loa
     shutil.rmtree(legacy, ignore_errors=True)
     report(1.0, f"{src.title}: cached in {form}; removed the old fp32 cache ({gb:.1f} GB at {legacy}), "
                 f"which is converted again only if fp32 is asked for")
+
+
+def _folder_gb(folder: Path) -> float:
+    """Size of a cache folder's files in GB (10^9 bytes), for the progress notes."""
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 1e9
 
 
 def _cache_is_valid(folder: Path, src: GgufSource, form: Form = "fp32", legacy_only: bool = False) -> bool:
@@ -436,8 +441,7 @@ def _write_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, 
         if final.exists():  # stale or incomplete: replace (we hold the lock)
             shutil.rmtree(final)
         os.replace(tmp, final)  # atomic: a cache folder is complete or absent
-        size = sum(f.stat().st_size for f in final.iterdir() if f.is_file()) / 1e9
-        report(1.0, f"{src.title}: cached in {form} ({size:.1f} GB)")
+        report(1.0, f"{src.title}: cached in {form} ({_folder_gb(final):.1f} GB)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
