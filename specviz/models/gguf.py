@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import gc
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from specviz.models import fetch
-from specviz.models import half
+from specviz.models import stream
 from specviz.models.half import empty_half_linears
-from specviz.models.base import PairError, LoadProgress, _model_device, _no_progress, _oom_as_pair_error, _span
+from specviz.models.base import PairError, LoadProgress, _no_progress, _oom_as_pair_error, _span
 
 try:  # advisory file locks keep two processes (app + tests) from building one cache at once
     import fcntl
@@ -151,10 +149,9 @@ _LEGACY_FORMAT = 1  # fp32 folders of specviz before the compact forms: still re
 #   fp32:  every tensor in fp32 (fp32, bf16 and int8 targets, and drafts in fp32 or bf16, start from it)
 #   fp16w: the linears' weights in fp16 (what models.half packs: the same values), the rest fp32 (an fp16w target)
 #   int8:  the int8 layers' per-channel int8 weights with their scales and zero points, the rest fp32 (an int8 draft)
-Form = Literal["fp32", "fp16w", "int8"]
-_INT8_PARTS = (".weight.int8", ".weight.scales", ".weight.zero_points")  # names of one int8 layer's weight in a cache file
+Form = stream.Form
+_INT8_PARTS = stream.INT8_PARTS
 _MANIFEST = "specviz-manifest.json"
-_PROBE_TEXT = "def fibonacci(n):\n    return"  # fixed input whose logits must survive the conversion
 _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
 
 
@@ -222,19 +219,38 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
         if form != "fp32" and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
             _migrate(legacy, src, form, final, report)
             return final
-        with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path:
-            model, tokenizer = _dequantized(gguf_path, src, _span(report, 0.2, 0.6))
-            _write_cache(model, tokenizer, src, form, final, _span(report, 0.6, 1.0))
+        with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path, _oom_as_pair_error(src.title):
+            report(0.2, f"{src.title}: reading the tokenizer from GGUF")
+            tokenizer = _gguf_tokenizer(gguf_path)
+            config = stream.gguf_config(gguf_path)
+            count, tensors = stream.gguf_tensors(gguf_path, config)
+            _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.25, 1.0))
+        del tensors, tokenizer
+        _return_freed_memory()  # the build's freed heap goes back before the models load
     return final
+
+
+def _return_freed_memory() -> None:
+    """Give the heap's freed pages back to the system (glibc only; elsewhere later allocations reuse them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
     """Build a compact form from an fp32 folder of older specviz, then remove that folder, saying so."""
     gb = _folder_gb(legacy)
     report(0.0, f"{src.title}: converting the fp32 cache of an older specviz ({gb:.1f} GB) to {form}")
-    model = _load_cached_model(legacy, src.title)
-    tokenizer = _load_cached_tokenizer(legacy)
-    _write_cache(model, tokenizer, src, form, final, _span(report, 0.2, 0.95))
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(legacy, local_files_only=True, trust_remote_code=False)
+    files = stream.shard_files(legacy)
+    count = sum(len(stream.read_header(f)) - 1 for f in files)
+    tensors = (item for f in files for item in stream.file_tensors(f))  # one tensor at a time: no fp32 model in memory
+    _write_cache(tensors, count, config, _load_cached_tokenizer(legacy), src, form, final, _span(report, 0.05, 0.95))
     shutil.rmtree(legacy, ignore_errors=True)
     report(1.0, f"{src.title}: cached in {form}; removed the old fp32 cache ({gb:.1f} GB at {legacy}), "
                 f"which is converted again only if fp32 is asked for")
@@ -394,50 +410,34 @@ def _check_sums(src: GgufSource, whole: str, part_sums: list[str]) -> None:
     )
 
 
-def _dequantized(gguf_path: Path, src: GgufSource, report: LoadProgress) -> tuple[nn.Module, Any]:
-    """The model dequantized from the GGUF to fp32, and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _gguf_tokenizer(gguf_path: Path) -> Any:
+    """The tokenizer stored in a GGUF file."""
+    from transformers import AutoTokenizer
 
-    with _oom_as_pair_error(src.title):
-        report(0.0, f"{src.title}: reading the tokenizer from GGUF")
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
-        report(0.3, f"{src.title}: dequantizing GGUF to fp32")
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, trust_remote_code=False
-        ).eval()
-    _drop_gguf_quantizer(model)
-    return model, tokenizer
+    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
 
 
-def _write_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
-    """Bring an fp32 model to `form` (in place), save it with its tokenizer into a temp folder, check, rename into place.
+def _write_cache(tensors: stream.Tensors, count: int, config: Any, tokenizer: Any, src: GgufSource, form: Form,
+                 final: Path, report: LoadProgress) -> None:
+    """Stream fp32 tensors into a cache folder of `form` (a temp folder, checked, then renamed into place).
 
-    The check loads the folder as a load will and compares one pass's logits with the model's own in
-    that form: a cache that changes a value is refused, not used.
+    One tensor is brought to its form at a time, with the very calls a load in that precision makes, and
+    written in shards that are read back and checked (stream.write_shards): the peak memory is about one
+    shard and one tensor, never a whole fp32 model (the 1.5B target's is 7 GB).
     """
+    from transformers import GenerationConfig
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder once renamed
     try:
         with _oom_as_pair_error(src.title), torch.no_grad():
-            _to_form(model, form, src.title, report)
-            probe_ids = _probe_ids(tokenizer)
-            expected = _logits(model, probe_ids)
-            report(0.3, f"{src.title}: saving the {form} cache")
-            if form == "fp32":
-                model.save_pretrained(tmp)
-            else:
-                _save_form(model, tmp)
-            tokenizer.save_pretrained(tmp)
-            del model  # never hold two copies: the fp32 1.5B is ~7 GB
-            gc.collect()
-            report(0.7, f"{src.title}: checking the cache gives the same logits")
-            reloaded = _load_cached_model(tmp, src.title, half=form == "fp16w")
-            diff = (_logits(reloaded, probe_ids) - expected).abs().max().item()
-            del reloaded
-            gc.collect()
-        if not diff <= 1e-4:  # bit-identical in practice; a real conversion fault is far larger
-            raise PairError(f"{src.title}: the {form} cache changed the logits (max diff {diff:.3g}); not cached")
-        _write_manifest(tmp, src, form, diff)
+            lay = stream.layout(config, form)
+            say = lambda f, m: report(0.95 * f, f"{src.title}: {m}")  # noqa: E731
+            checked = stream.write_shards(tensors, lay, tmp, count, say)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp, src, form, checked)
         if final.exists():  # stale or incomplete: replace (we hold the lock)
             shutil.rmtree(final)
         os.replace(tmp, final)  # atomic: a cache folder is complete or absent
@@ -446,67 +446,18 @@ def _write_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _to_form(model: nn.Module, form: Form, title: str, report: LoadProgress) -> None:
-    """Give an fp32 model the layers of `form` in place, as a load in that precision does (same calls, same bits)."""
-    from specviz.models.precision import quantize_int8
-
-    if form == "fp16w":
-        report(0.05, f"{title}: storing the linears' weights in fp16")
-        half.half_linears(model)
-    elif form == "int8":
-        report(0.05, f"{title}: quantizing the linears to int8 (per channel)")
-        quantize_int8(model)
+def write_model_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, final: Path,
+                      report: LoadProgress = _no_progress) -> None:
+    """A cache folder of `form` from an fp32 model in memory (tests build tiny models this way)."""
+    tensors = list(stream.model_tensors(model))
+    _write_cache(iter(tensors), len(tensors), model.config, tokenizer, src, form, final, report)
 
 
 def _is_int8(module: nn.Module) -> bool:
     return isinstance(module, torch.ao.nn.quantized.dynamic.Linear)
 
 
-def _stored_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor a load needs, as the model holds it: fp16 weights of fp16-weight linears, int8 layers' int8
-    weights with their scales and zero points, everything else fp32; a head tied to the embedding is left out."""
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    head = model.get_output_embeddings()
-    out: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        if isinstance(module, half.HalfLinear) and not (tied and module is head):
-            out[f"{name}.weight"] = module.unpacked_weight().half()  # the fp16 values fbgemm holds, exactly
-        elif _is_int8(module):
-            weight, bias = module._weight_bias()
-            if weight.qscheme() != torch.per_channel_affine or weight.q_per_channel_axis() != 0:
-                raise PairError(f"{name}: only per-channel int8 weights (axis 0) can be cached")
-            ints, scales, zeros = weight.int_repr(), weight.q_per_channel_scales(), weight.q_per_channel_zero_points()
-            out.update(zip((name + p for p in _INT8_PARTS), (ints, scales, zeros)))
-            if bias is not None:
-                out[f"{name}.bias"] = bias.detach()
-    for name, param in model.named_parameters():  # tied tensors once
-        out.setdefault(name, param.detach())
-    for prefix, module in model.named_modules():
-        for bname, buf in module._buffers.items():
-            if buf is not None and bname not in module._non_persistent_buffers_set:
-                out[f"{prefix}.{bname}" if prefix else bname] = buf
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-def _save_form(model: nn.Module, folder: Path) -> None:
-    """model.safetensors with the tensors as held, plus the config and generation config."""
-    from safetensors.torch import save_file
-
-    save_file(_stored_tensors(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    os.chmod(folder / "model.safetensors", 0o644)  # as save_pretrained leaves its files: readable by the app's other users
-    model.config.save_pretrained(folder)
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(folder)
-
-
-def _drop_gguf_quantizer(model: nn.Module) -> None:
-    """save_pretrained refuses a GGUF-loaded model; the weights are plain fp32 by now, so drop its quantizer."""
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config  # else the saved config asks for a GGUF file on reload
-
-
-def _write_manifest(folder: Path, src: GgufSource, form: Form, probe_diff: float) -> None:
+def _write_manifest(folder: Path, src: GgufSource, form: Form, checked: int) -> None:
     """Record what the folder was built from; written last and fsynced, so it vouches for the rest."""
     import transformers
 
@@ -518,8 +469,7 @@ def _write_manifest(folder: Path, src: GgufSource, form: Form, probe_diff: float
         "source_file": src.filename,
         "source_sha256": src.sha256,
         "files": files,
-        "probe_text": _PROBE_TEXT,
-        "probe_max_abs_diff": probe_diff,
+        "checked_layers": checked,  # linears rebuilt from the file and found equal to their precision's layer
         "transformers": transformers.__version__,
         "torch": torch.__version__,
     }
@@ -552,18 +502,19 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    path = folder / "model.safetensors"
+    paths = stream.shard_files(folder)
     with _oom_as_pair_error(title):
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
-        int8_names = sorted(n[: -len(_INT8_PARTS[0])] for n in _header(path) if n.endswith(_INT8_PARTS[0]))
+        stored = {n for p in paths for n in stream.read_header(p)}
+        int8_names = sorted(n[: -len(_INT8_PARTS[0])] for n in stored if n.endswith(_INT8_PARTS[0]))
         slots = _int8_slots(model, int8_names)
         sinks = empty_half_linears(model) if half else {}
         model.to_empty(device="cpu")  # storage without values: every tensor is filled below
         mapped = {_param_name(model, model.get_input_embeddings().weight)} if dtype == torch.float32 else set()
         extras: dict[str, torch.Tensor] = {}
-        missing = _read_weights(path, model, sinks, mapped, extras)
+        missing = _read_weights(paths, model, sinks, mapped, extras)
         missing -= {f"{n}.weight" for n in int8_names}
         _rebuild_buffers(model, config)
         if missing - _not_in_file(model, config) or len(extras) != len(_INT8_PARTS) * len(int8_names):
@@ -603,39 +554,43 @@ def _int8_slots(model: nn.Module, names: list[str]) -> dict[str, _Int8Slot]:
 def _fill_int8(model: nn.Module, slots: dict[str, _Int8Slot], parts: dict[str, torch.Tensor]) -> None:
     """Replace each slot by the dynamic int8 layer of its stored weight: the layer quantize_int8 made, bit for bit."""
     for name, slot in slots.items():
-        ints, scales, zeros = (parts[name + p] for p in _INT8_PARTS)
-        weight = torch._make_per_channel_quantized_tensor(ints, scales, zeros, 0)
-        layer = torch.ao.nn.quantized.dynamic.Linear(slot.in_features, slot.out_features, dtype=torch.qint8)
-        layer.set_weight_bias(weight, None if slot.bias is None else slot.bias.detach())
-        model.set_submodule(name, layer)
+        bias = None if slot.bias is None else slot.bias.detach()
+        model.set_submodule(name, stream.int8_from_parts(*(parts[name + p] for p in _INT8_PARTS), bias))
 
 
 def _param_name(model: nn.Module, param: torch.Tensor) -> str:
     return next(name for name, p in model.named_parameters(remove_duplicate=False) if p is param)
 
 
-_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "F64": torch.float64, "I64": torch.int64}
-
-
 def _header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
-    with open(path, "rb") as fh:
-        return json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    return stream.read_header(path)
 
 
-def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset(),
+def _read_weights(paths: list[Path], model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset(),
                   extras: dict[str, torch.Tensor] | None = None) -> set[str]:
-    """Fill the model's parameters and persistent buffers from a safetensors file, one tensor at a time; returns the names it lacked.
+    """Fill the model's parameters and persistent buffers from safetensors files, one tensor at a time; returns the names they lacked.
 
     A name in `sinks` goes to that layer's `load(tensor)` instead (the fp16-weight linears of models.half,
     from fp16 or fp32); a name in `mapped` becomes a copy-on-write map of the file (pages read when first
     touched); the parts of int8 layers go into `extras`. Every other tensor must be fp32.
     """
-    import numpy as np
-
     sinks = sinks or {}
     targets = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
-    with open(path, "rb") as fh, _Packer() as packer:
+    seen: set[str] = set()
+    with _Packer() as packer:
+        for path in paths:
+            seen |= _read_file(path, targets, sinks, mapped, extras, packer)
+        packer.wait()
+    return {n for n in [*targets, *sinks] if n not in seen}
+
+
+def _read_file(path: Path, targets: dict[str, torch.Tensor], sinks: dict[str, Any], mapped: set[str],
+               extras: dict[str, torch.Tensor] | None, packer: "_Packer") -> set[str]:
+    """_read_weights for one file; returns the names in its header."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
         header_len = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(header_len))
         start = 8 + header_len
@@ -643,22 +598,16 @@ def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = N
             wanted = name in targets or name in sinks or (extras is not None and name.endswith(_INT8_PARTS))
             if name == "__metadata__" or not wanted:
                 continue
-            dtype = _DTYPES.get(entry["dtype"])
-            allowed = {torch.float32} | ({torch.float16} if name in sinks else set()) | (
-                {torch.int8, torch.float64, torch.int64} if name.endswith(_INT8_PARTS) else set())
-            if dtype not in allowed:
+            allowed = {"F32"} | ({"F16"} if name in sinks else set()) | (
+                {"I8", "F64", "I64"} if name.endswith(_INT8_PARTS) else set())
+            if entry["dtype"] not in allowed:
                 raise PairError(f"unexpected {entry['dtype']} tensor {name} in {path}; delete the cache folder to rebuild it")
-            begin, end = entry["data_offsets"]
-            shape = tuple(entry["shape"])
-            if end - begin != math.prod(shape) * dtype.itemsize:
-                raise PairError(f"{path}: tensor {name} has the wrong size; delete the cache folder to rebuild it")
             if name in mapped:
-                view = np.memmap(path, dtype=np.float32, mode="c", offset=start + begin, shape=shape)
+                begin, _ = entry["data_offsets"]
+                view = np.memmap(path, dtype=np.float32, mode="c", offset=start + begin, shape=tuple(entry["shape"]))
                 targets[name].data = torch.from_numpy(view)  # the array keeps the mapping open as long as the model lives
                 continue
-            raw = torch.empty(shape, dtype=dtype)  # one tensor at a time (two while packing)
-            fh.seek(start + begin)
-            fh.readinto(memoryview(raw.view(-1).view(torch.uint8).numpy()))
+            raw = stream.read_tensor(fh, start, name, entry, path)  # one tensor at a time (two while packing)
             if name in sinks:
                 packer.submit(sinks[name].load, raw)
             elif name.endswith(_INT8_PARTS):
@@ -667,8 +616,7 @@ def _read_weights(path: Path, model: nn.Module, sinks: dict[str, Any] | None = N
                 with torch.no_grad():
                     targets[name].copy_(raw)  # casts to the model's dtype in place
             del raw
-        packer.wait()
-    return {n for n in [*targets, *sinks] if n not in header}
+    return set(header)
 
 
 class _Packer:
@@ -722,14 +670,3 @@ def _rebuild_buffers(model: nn.Module, config: Any) -> None:
             for attr in ("attention_scaling", "max_seq_len_cached", "original_max_seq_len"):
                 if hasattr(fresh, attr):
                     setattr(module, attr, getattr(fresh, attr))
-
-
-def _probe_ids(tokenizer: Any) -> torch.Tensor:
-    """Token ids of the fixed probe text, (1, T)."""
-    return torch.tensor([tokenizer(_PROBE_TEXT)["input_ids"]], dtype=torch.long)
-
-
-def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Logits of one forward pass, (1, T, V), float32 on CPU."""
-    with torch.inference_mode():
-        return model(input_ids=ids.to(_model_device(model))).logits.float().cpu()

@@ -16,7 +16,7 @@ from specviz.models import half, packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.fit import check_fit
-from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair, cache_form
+from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair, _return_freed_memory, cache_form
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
 
@@ -319,16 +319,6 @@ def _big_blocks_mapped() -> Iterator[None]:
         yield
     finally:
         libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own ceiling for its adaptive threshold on 64-bit
-
-
-def _return_freed_memory() -> None:
-    """Give the heap's freed pages (the fp32 draft before quantization, read buffers) back to the system (glibc only)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the memory is reused by later allocations instead
-        pass
 
 
 def _model_bytes(model: nn.Module) -> int:
