@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from specviz import host
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import encode, preset_buttons, repaired_prompt
@@ -148,7 +149,7 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
 def _table(sweep: Sweep, s: Settings) -> None:
     st.dataframe(how_far_view.sweep_table(sweep, s.level), hide_index=True)
     st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
-               "(decode time; prompt reading not counted). Measured on this machine: a 2-core CPU, no GPU, "
+               f"(decode time; prompt reading not counted). Measured on this machine: {host.machine_words()}, "
                "sharing its cores with this page.")
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import streamlit as st
 
+from specviz import host
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
@@ -186,8 +187,8 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
         c2.metric("drafted tokens accepted", f"{cmp.accepted} / {cmp.drafted}" if cmp.drafted else "–")
         speed = cmp.plain_ms / cmp.spec_ms if cmp.spec_ms > 0 else None
         c3.metric("speed-up on this machine", f"{speed:.2f}×" if speed else "–",
-                  help="Target-only decode time ÷ speculative decode time, measured here (a shared 2-core CPU, "
-                  "no GPU). Timing is not the point of this page; the tokens are.")
+                  help=f"Target-only decode time ÷ speculative decode time, measured here ({host.machine_words()}). "
+                  "Timing is not the point of this page; the tokens are.")
     table = same_answer_view.greedy_table(cmp, _names(s.level))
     first = cmp.first_divergence
     st.dataframe(table, hide_index=True, height=min(36 * (len(table) + 1), 420), key=P + "greedy_table",
@@ -278,7 +279,7 @@ def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec
                   help="½ Σ |observed share − exact probability| over the test's bins: the sampling-noise floor.")
         c4.metric("total variation, speculative", f"{fit_s.tv:.3f}")
     accepted = f"{spec.accepted} of {spec.drafted} guesses accepted" if spec.drafted else "nothing was drafted"
-    st.caption(f"Measured on this machine (a shared 2-core CPU, no GPU): target alone {ref.target.seconds:.1f} s, "
+    st.caption(f"Measured on this machine ({host.machine_words()}): target alone {ref.target.seconds:.1f} s, "
                f"speculative {spec.seconds:.1f} s for {spec.n} samples each; {accepted}.")
     if s.level == "d5":
         st.caption(

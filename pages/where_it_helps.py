@@ -7,6 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from specviz import host
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app import predict
@@ -123,7 +124,7 @@ def _provenance(file: BenchFile, s: Settings) -> None:
 
 def _results(res: WorkloadResults, s: Settings) -> None:
     st.subheader("What was measured" if s.level != "d1" else "What we found")
-    st.caption(f"{'Measured now on this machine (a 2-core CPU, no GPU)' if res.source == 'run' else 'From the file'}: "
+    st.caption(f"{f'Measured now on this machine ({host.machine_words()})' if res.source == 'run' else 'From the file'}: "
                f"{res.method}.")
     if not res.rows:
         st.info("No workload could be measured.")

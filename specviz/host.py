@@ -6,6 +6,10 @@ the process killed; running torch with one thread per host core on a 2-CPU quota
 thread throttled in turn. cgroup v2 (`memory.max`, `cpu.max`) and v1 (`memory.limit_in_bytes`,
 `cpu.cfs_quota_us`) are both read, at the process's own cgroup path and every folder above it
 (a parent's limit binds too), and the smallest limit wins.
+
+Others' CPU: a steady hog on one of two cores slows a run and its baseline alike and evenly, so their
+step times do not show it. /proc/stat counts every process's CPU time; less this process's own (all its
+threads: in a classroom, other pupils' runs too) it leaves what other programs took meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +25,7 @@ log = logging.getLogger("specviz.host")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_STAT = Path("/proc/stat")
 _UNLIMITED = 1 << 60  # v1 writes "no limit" as a huge number (9223372036854771712); anything above this is none
 THREADS_ENV = "SPECVIZ_THREADS"  # the operator's own thread count, above anything read here
 
@@ -117,6 +123,13 @@ def _v1_cpus(root: Path, path: str | None) -> float | None:
     return min(quotas) if quotas else None
 
 
+def _cpu_quota(root: Path, paths: dict[str, str]) -> float | None:
+    """The tightest CPU quota of this process's cgroup (v2 where mounted, else v1), or None without one."""
+    if (root / "cgroup.controllers").is_file():
+        return _v2_cpus(root, paths.get(""))
+    return _v1_cpus(root, paths.get("cpu") or paths.get("cpuacct"))
+
+
 def _host_memory() -> tuple[int, int]:
     import psutil
 
@@ -146,7 +159,7 @@ def read_limits(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP, host_
         limit, used = memory
         total, available = limit, min(available, max(0, limit - used))
         memory_source = "cgroup v2" if v2 else "cgroup v1"
-    quota = _v2_cpus(root, paths.get("")) if v2 else _v1_cpus(root, paths.get("cpu") or paths.get("cpuacct"))
+    quota = _cpu_quota(root, paths)
     if quota is not None and quota < cpus:
         cpus, cpu_source = quota, "cgroup v2" if v2 else "cgroup v1"
     return Limits(total, available, round(cpus, 2), memory_source, cpu_source)
@@ -178,3 +191,84 @@ def configure_threads(limits: Limits | None = None) -> int:
     log.info("machine: %s; torch threads %d", limits.describe(), n)
     _configured[:] = [n]
     return n
+
+
+def machine_words(limits: Limits | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This machine for the pages' "measured here" lines, e.g. "2 CPU cores (AMD EPYC 7B13), no GPU"."""
+    import torch  # already loaded by the runs the line is about; asked only whether they had a GPU
+
+    cpus = (limits or read_limits()).cpus
+    names = [line.partition(":")[2] for line in (_read(cpuinfo) or "").splitlines() if line.startswith("model name")]
+    # "AMD EPYC 7B13 64-Core Processor", "Intel(R) Xeon(R) CPU @ 2.20GHz": the maker and model only
+    model = " ".join(w for w in names[0].split("@")[0].replace("(R)", "").replace("(TM)", "").split()
+                     if w not in ("CPU", "Processor") and not w.endswith("-Core")) if names else ""
+    words = f"{cpus:g} CPU core{'' if cpus == 1 else 's'}" + (f" ({model})" if model else "")
+    return words + (f", a GPU ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ", no GPU")
+
+
+# ------------------------------------------------------------------------------------------
+# Others' CPU: what other programs used of the CPUs this process runs on, between two samples
+# ------------------------------------------------------------------------------------------
+
+# /proc/stat's columns after "cpuN": user nice system idle iowait irq softirq steal guest guest_nice. Busy is all but
+# idle and iowait (waiting for a disk is idle); guest time is already inside user, so it is not added twice.
+_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+# /proc/stat counts in clock ticks (10 ms a core): over a shorter window a single tick reads as a tenth of a core
+SHORTEST_WINDOW_S = 1.0
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU time spent so far on the CPUs this process may run on, by every process and by this one, at one moment."""
+
+    busy_s: float  # CPU seconds all processes have run on those CPUs since boot (/proc/stat)
+    own_s: float  # CPU seconds this process has run, all its threads (a classroom's other runs included: not others)
+    wall_s: float  # time.monotonic() at the moment
+    cpus: int  # how many CPUs busy_s counts
+
+
+def busy_seconds(stat_text: str, ticks_per_s: float, cpus: set[int] | None = None) -> tuple[float, int] | None:
+    """(busy CPU seconds since boot, CPUs counted) from the text of /proc/stat, over `cpus` (all when None);
+    None if it names none of them."""
+    busy, counted = 0, 0
+    for line in stat_text.splitlines():
+        name, *fields = line.split() or [""]
+        if not name.startswith("cpu") or not name[3:].isdigit() or (cpus is not None and int(name[3:]) not in cpus):
+            continue  # the first "cpu" line sums all CPUs: the ones counted are summed here instead
+        values = [_int(f) or 0 for f in fields]
+        busy += sum(values[i] for i in _BUSY_COLUMNS if i < len(values))
+        counted += 1
+    return (busy / ticks_per_s, counted) if counted else None
+
+
+def others_cores(before: CpuSample, after: CpuSample) -> float | None:
+    """CPUs other processes kept busy on average between two samples: (busy - own) / wall; None over too short a window."""
+    wall = after.wall_s - before.wall_s
+    if wall < SHORTEST_WINDOW_S or after.cpus != before.cpus:
+        return None
+    # never below 0: /proc/stat samples this process's time by ticks, its own clock counts exactly
+    return max(0.0, ((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / wall)
+
+
+def cpu_sample(proc_stat: Path = PROC_STAT, root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> CpuSample | None:
+    """The CPU time spent so far on this process's CPUs, by all and by itself; None where it cannot be told (no
+    /proc/stat: not Linux; or a CPU quota below those CPUs: a container on a bigger host, whose busy time is mostly
+    other tenants' work on cores it does not own)."""
+    text = _read(proc_stat)
+    if text is None:
+        return None
+    cpus = _affinity()
+    busy = busy_seconds(text, os.sysconf("SC_CLK_TCK"), cpus)
+    if busy is None:
+        return None
+    quota = _cpu_quota(root, _own_paths(proc_cgroup))
+    if quota is not None and quota < busy[1]:
+        return None
+    return CpuSample(busy[0], time.process_time(), time.monotonic(), busy[1])
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return None

@@ -313,6 +313,72 @@ def test_a_link_naming_server_folders_is_refused_in_chromium(server):
         _shot(page, "refused-link.png")
 
 
+@pytest.fixture()
+def tiny_server(monkeypatch):
+    """A fresh server whose default pair is the tiny one, so a link without `pair` loads nothing heavy."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
+    ARTIFACTS.mkdir(exist_ok=True)
+    monkeypatch.setenv("SPECVIZ_DEFAULT_PAIR", "tiny-random")
+    with streamlit_app(sys.executable, ARTIFACTS / "streamlit-links-test.log") as url:
+        yield url
+
+
+# every page's own link and its heading on a fresh visit (D1); /watch first, as the deep link a fresh server meets
+PAGE_LINKS = (
+    ("/watch", "Watch the helper at work"),
+    ("/", "Watch the helper at work"),
+    ("/same_answer", "Does the helper change the answer?"),
+    ("/how_far", "How far should the helper guess?"),
+    ("/where_it_helps", "Where does the helper help?"),
+    ("/why_cheap", "Why checking is quick"),
+)
+
+
+def _readme_link() -> str:
+    """The README's example link, as a path and query (its host is the README's localhost:8501)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"http://localhost:8501(/[^\s)`]*\?[^\s)`]+)", text)
+    assert found, "the README shows no example link with settings"
+    return found.group(1)
+
+
+def _opens(page, url: str, heading: str) -> None:
+    """`url` opens its page: the heading shows and no "Page not found" dialog covers it."""
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    expect(page.get_by_role("heading", name=heading).first).to_be_visible()
+    page.wait_for_timeout(1000)  # the not-found dialog comes with the page's first run: give it time to show
+    assert page.get_by_role("dialog").count() == 0, page.get_by_role("dialog").first.inner_text()
+    _no_exception(page)
+
+
+def test_every_link_opens_its_page_without_a_dialog_in_chromium(tiny_server):
+    """Each page's link, the README's example and a copied address bar open their page on a fresh server, with no
+    "Page not found" dialog; on /watch the Play button takes a click (no dialog covers it)."""
+    from playwright.sync_api import expect
+
+    with _chromium_page(1400, 120_000) as page:
+        for path, heading in PAGE_LINKS:
+            _opens(page, tiny_server + path, heading)
+        _opens(page, f"{tiny_server}/watch", "Watch the helper at work")
+        expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible()
+        page.get_by_role("button", name=PLAY).click(timeout=10_000)  # times out while anything covers the button
+        expect(page.locator(".sv-lane").first).to_be_visible()
+
+        _opens(page, tiny_server + _readme_link(), "Watch it work")  # level=d2 in the link
+        expect(page.locator(".sv-lane").first).to_be_visible()  # autoplay=1 started the run
+        # the address bar is the share link: change a setting, copy the address, open it afresh
+        for path, heading in (("/watch", "Watch it work"), ("/how_far", "How far to guess")):
+            _opens(page, f"{tiny_server}{path}?level=d2", heading)
+            page.get_by_text("D5 · Frontier").click()
+            expect(page).to_have_url(re.compile(re.escape(tiny_server + path) + r"\?(.*&)?level=d5\b"))
+            _opens(page, page.url, heading)
+            expect(page.get_by_role("radio", name="D5 · Frontier")).to_be_checked()
+        _shot(page, "links.png")
+
+
 WIDER_THAN_SCREEN = """() => [...document.querySelectorAll('[data-testid=stPlotlyChart], img, .sv-lane, table, .sv-text')]
   .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.className || e.tagName)"""
 

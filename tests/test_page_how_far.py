@@ -8,6 +8,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from specviz import host
 from specviz.app import jobs
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
 
@@ -64,6 +65,7 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     assert list(table["γ"]) == [1, 2, 4, 8] and (table["speed-up (measured)"] > 0).all()
     assert table["same text as target alone"].all()  # greedy: every γ writes the target's text
     assert "Measured here:" in texts(at) and "one-token steps" in texts(at)
+    assert f"Measured on this machine: {host.machine_words()}," in texts(at)  # this machine, not a hard-coded one
     key = at.session_state["how_far.key"]
     job = jobs.runner().get(key)
     assert job.view().state == "done"

@@ -8,7 +8,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specviz import models
+from specviz import host, models
 from specviz.app import jobs
 from specviz.labs import where_it_helps
 from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
@@ -56,6 +56,7 @@ def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
     assert len(table) == 6 and (table["speed-up"] > 0).all()
     words = texts(at)
     assert "Measured now on this machine" in words and "workloads averaged" in words
+    assert f"Measured now on this machine ({host.machine_words()})" in words  # this machine, not a hard-coded one
     assert "Why code and lists usually win and stories lose" in words
     key = at.session_state["where_it_helps.key"]
     job = jobs.runner().get(key)

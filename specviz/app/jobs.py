@@ -26,7 +26,8 @@ POLL_S = 1.0  # seconds between status redraws while a job waits or runs
 
 @st.cache_resource(show_spinner=False)
 def runner() -> Runner:
-    """One model worker per server: runs are queued, timed one at a time, and shared by key.
+    """One model worker per server: runs are queued and shared by key; Watch runs and their baselines share the
+    target's passes in one batch (each timed by the passes it took part in), timing labs run alone.
 
     The GIL switch interval is shortened so page redraws delay the worker's torch calls less
     (the worker needs the GIL between ops; timings stay closer to an idle server's).
