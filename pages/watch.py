@@ -352,7 +352,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     speed = final.speedup if final else (last.speedup if last else None)
     early = not final and shown and len(shown) < pb.SPEEDUP_FROM_ROUND
     shared = _shared(spec, plain, final.speedup, s) if final is not None else None  # type: ignore[arg-type]
-    busy = shared is not None and shared.disturbed is not None
+    busy = shared is not None and shared.busy
     if s.level == "d1":
         calls, made = len(shown), sum(len(r.new_ids) for r in shown)
         st.markdown(f"**{made} {L['tokens']}** written in **{calls} big-model turns**.  \n"
@@ -407,17 +407,17 @@ def _shared(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -
     ref = _ref()
     if ref is None:
         return None
-    return _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup, plain.generation)
+    return _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup, plain.generation,
+                                  watch.others_while(spec.cpu, plain.cpu))
 
 
 def _sharing_line(shared: watch.SharedServer, s: Settings) -> None:
     """How many runs shared this run's target passes, how both were timed, and (D5) the pair's figure on a free server;
-    a warning where the baseline's own steps say the machine was busy with something else."""
-    if shared.disturbed is not None and s.level != "d1":
-        st.warning(f"The machine was busy while these runs were timed: the plain run's steps varied by "
-                   f"{shared.disturbed:.1f}× between its faster and slower quarters (a quiet machine stays within "
-                   f"{watch.NOISY_STEPS:.1f}×), so this speed-up is uncertain. Press **Play** again when the computer "
-                   "is quiet (close video calls and other heavy programs).", icon=":material/speed:")
+    a warning where other programs' CPU or the baseline's own steps say the machine was busy with something else."""
+    if shared.busy and s.level != "d1":
+        st.warning(f"The machine was busy while these runs were timed: {_busy_reason(shared)}, so this speed-up is "
+                   "uncertain. Press **Play** again when the computer is quiet (close video calls and other heavy "
+                   "programs).", icon=":material/speed:")
     if s.level == "d1":
         if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
             st.caption(f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at "
@@ -443,6 +443,18 @@ def _sharing_line(shared: watch.SharedServer, s: Settings) -> None:
                      "free-server figure to put beside it.")
             line += alone
     st.caption(line)
+
+
+def _busy_reason(shared: watch.SharedServer) -> str:
+    """What said the machine was busy: other programs' CPU, the plain run's step spread, or both."""
+    reasons = []
+    if shared.others is not None:
+        reasons.append(f"other programs used {shared.others.cores:.1f} of the {shared.others.cpus} cores while they ran "
+                       f"(this page in a browser takes under {watch.BUSY_OTHERS:.2g})")
+    if shared.disturbed is not None:
+        reasons.append(f"the plain run's steps varied by {shared.disturbed:.1f}× between its faster and slower quarters "
+                       f"(a quiet machine stays within {watch.NOISY_STEPS:.1f}×)")
+    return " and ".join(reasons)
 
 
 def _expected_metrics(left: Any, right: Any, textbook: float | None, with_cost: float | None, L: Any) -> None:
@@ -592,7 +604,8 @@ def _race(ref: RunRef, s: Settings) -> None:
                                         now_ms >= tl.total_ms, cls))
         clock = f":material/timer: {now_ms / 1000:.1f} s — " if s.level != "d1" else ""
         hint = "Press **Start the race**. " if start is None else ""
-        st.caption(f"{hint}{clock}replayed at measured speed (the two runs were computed one after the other).")
+        st.caption(f"{hint}{clock}replayed at measured speed (the two runs were computed together, each timed by the passes it "
+                   "took part in).")
         if s.level != "d1":
             _chart("race", (ref.spec_key, s.level, s.presenter), lambda: watch_view.race_figure(spec_tl, plain_tl, L, font_size(s)))
 

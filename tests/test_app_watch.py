@@ -424,10 +424,46 @@ def test_a_run_that_had_the_server_alone_is_the_figure_beside_a_shared_one():
     assert record.shared(other, "tiny-random", Sharing(4, 40, 12), Sharing(12, 100, 12), 1.1).alone_speedup == 1.8
 
 
-@pytest.mark.parametrize("noisy, max_new", [(False, 11), (True, 12)])
-def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, max_new):
-    """Recorded timings: the plain run's steps alternate 10 and 30 ms (busy) or stay at 10 ms (quiet); no clock is read."""
+def _cpu(others: float, seconds: float, own: float = 0.9):
+    """A recorded sample `seconds` into a run while other programs kept `others` cores busy and this server `own`."""
+    from specviz.host import CpuSample
+
+    return CpuSample(100.0 + seconds * (others + own), 5.0 + seconds * own, 1000.0 + seconds, 2)
+
+
+def test_other_programs_cpu_marks_a_run_alone_uncertain_and_it_is_not_remembered():
+    """A steady hog on one of two cores slows both runs evenly (no spread): others' CPU says so; a browser does not."""
+    from specviz.labs.watch import BUSY_OTHERS, AloneRecord, OthersUse, others_while, run_ref
+    from specviz.serve.batch import Sharing
+    from specviz.settings import Settings
+
+    hog = others_while((_cpu(1.0, 0), _cpu(1.0, 12)), (_cpu(1.0, 0.1), _cpu(1.0, 20)))  # first start to last end
+    assert hog == OthersUse(pytest.approx(1.0), 2)
+    browser = others_while((_cpu(0.4, 0), _cpu(0.4, 12)), (_cpu(0.4, 0.1), _cpu(0.4, 20)))
+    assert browser is not None and browser.cores == pytest.approx(0.4)
+    assert browser.cores < BUSY_OTHERS < hog.cores
+    assert others_while((_cpu(1.0, 0), _cpu(1.0, 12)), None) is None  # a run without samples: not judged
+    assert others_while((_cpu(1.0, 0), _cpu(1.0, 0.5))) is None  # too short a window to tell
+
+    record, s = AloneRecord(), Settings(pair="tiny-random")
+    ref, alone, shared = run_ref("tiny-random", "hello", s), (Sharing(4, 8, 2), Sharing(12, 24, 2)), Sharing(12, 100, 12)
+    busy = record.shared(ref, "tiny-random", *alone, 0.77, None, hog)
+    assert busy.busy and busy.others == hog and busy.disturbed is None
+    assert busy.alone_speedup is None  # its 0.77× is not this server's free figure
+    clean = record.shared(ref, "tiny-random", *alone, 1.8, None, browser)
+    assert not clean.busy and clean.others is None and clean.alone_speedup == 1.8  # remembered
+    assert record.shared(ref, "tiny-random", *alone, 0.7, None, hog).alone_speedup == 1.8  # the hog's figure is not
+    # on a shared server the passes' cost changes as runs come and go: others' CPU judges only a run alone
+    assert not record.shared(ref, "tiny-random", shared, shared, 1.1, None, hog).busy
+
+
+@pytest.mark.parametrize("noisy, others, max_new", [(False, None, 11), (True, None, 12), (False, 1.0, 17), (False, 0.4, 18)])
+def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, monkeypatch):
+    """Recorded timings: the plain run's steps alternate 10 and 30 ms (busy) or stay at 10 ms (quiet); recorded CPU
+    samples: other programs keep 1.0 core (a hog) or 0.4 (a browser redrawing) busy, or none are taken; no clock is read."""
     from dataclasses import replace
+
+    from specviz.app import runner
 
     from specviz.core.drafters import make_drafter
     from specviz.core.engine import autoregressive_generate, speculative_generate
@@ -446,15 +482,21 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, max_new):
     if noisy:
         rounds = tuple(replace(r, verify_ms=10.0 if i % 2 else 30.0) for i, r in enumerate(plain.rounds))
         plain = replace(plain, rounds=rounds, decode_ms=sum(r.verify_ms for r in rounds))
+    # each run samples the CPU at its start and end: the run 0-12 s, its baseline 0.1-20 s
+    samples = iter([_cpu(others, t) for t in (0, 12, 0.1, 20)] if others is not None else [])
+    monkeypatch.setattr(runner, "cpu_sample", lambda: next(samples, None))
     ref = watch.run_ref("tiny-random", prompt, s)
     _on_record(ref.spec_key, spec)
     _on_record(ref.plain_key, plain)
+    busy, hog = noisy or (others or 0) > watch.BUSY_OTHERS, others == 1.0
     for level in ("d1", "d2"):
         at = play_to_end(make_app(level=level, max_new=str(max_new)))
         words = texts(at)
         if level == "d1":
-            assert ("we cannot tell this time" in words) == noisy
-            assert ("With the helper it was" in words) == (not noisy)  # a verdict only for a clean measurement
+            assert ("we cannot tell this time" in words) == busy
+            assert ("With the helper it was" in words) == (not busy)  # a verdict only for a clean measurement
         else:
-            assert ("The machine was busy while these runs were timed" in words) == noisy
+            assert ("The machine was busy while these runs were timed" in words) == busy
             assert ("3.0×" in words) == noisy  # the spread it judged by, beside the rule
+            assert ("other programs used 1.0 of the 2 cores" in words) == hog  # or the CPU others took
+            assert ("uncertain: busy machine" in str(at.metric)) == busy

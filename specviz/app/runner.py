@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from specviz.core.progress import JobSteps, Progress
+from specviz.host import CpuSample, cpu_sample
 from specviz.serve.batch import Batch, Outcome, SharedRun, Sharing
 
 LoadStatus = Literal["loading", "ready", "failed"]
@@ -122,6 +123,7 @@ class JobView:
     generation: Any  # the returned result (a Generation for generation jobs) once done
     error: str | None
     sharing: Sharing | None = None  # a shared run, once done: how many runs its target passes served
+    cpu: tuple[CpuSample, CpuSample] | None = None  # a shared run, once done: the machine's CPU at its start and end
 
     @property
     def finished(self) -> bool:
@@ -157,11 +159,13 @@ class Job:
         self._generation: Any = None
         self._error: str | None = None
         self._sharing: Sharing | None = None
+        self._cpu_start: CpuSample | None = None
+        self._cpu: tuple[CpuSample, CpuSample] | None = None
         self._cancel = threading.Event()
 
     def view(self) -> JobView:
         with self._lock:
-            return JobView(self._state, tuple(self._rounds), self._generation, self._error, self._sharing)
+            return JobView(self._state, tuple(self._rounds), self._generation, self._error, self._sharing, self._cpu)
 
     def cancel(self) -> None:
         """Stop after the current round (a queued job never starts)."""
@@ -215,6 +219,7 @@ class Job:
             return None
         finally:
             self._make = None  # type: ignore[assignment]  # its closure holds the models: a released pair must be freeable
+        self._cpu_start = cpu_sample()  # with the one at its end: what other programs took while it was timed
         self._set_state("running")
         return run
 
@@ -224,6 +229,7 @@ class Job:
 
     def end(self, outcome: Outcome | None, user_error: Callable[[BaseException], str]) -> None:
         """A shared run left the batch: done, failed, or (outcome None) stopped."""
+        end = cpu_sample() if self._cpu_start is not None and outcome is not None else None
         with self._lock:
             if outcome is None:
                 self._state = "cancelled"
@@ -231,6 +237,7 @@ class Job:
                 self._error, self._state = user_error(outcome.error), "failed"
             else:
                 self._generation, self._sharing, self._state = outcome.generation, outcome.sharing, "done"
+                self._cpu = (self._cpu_start, end) if self._cpu_start is not None and end is not None else None
 
 
 class Runner:
