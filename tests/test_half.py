@@ -1,8 +1,11 @@
 """fp16-weight linears (models.half): right values, each row the same bits at any pass size, the promise kept, and half the memory."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,11 +100,8 @@ def test_a_streamed_fp16w_load_equals_converting_a_loaded_fp32_model() -> None:
     assert not streamed.get_input_embeddings().weight.untyped_storage().resizable()
 
 
-@pytest.mark.real
-@pytest.mark.slow
-def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb() -> None:
-    """The default pair's CLI run with its baseline, in a fresh process: identical text; peak RSS, loading included,
-    at most 4.5 GB (10^9 bytes; measured 4.35 GB on the 2-core test machine, the fp32 pair 11.9 GB)."""
+def _generate_peak(cache: Path) -> tuple[dict, float]:
+    """The default pair's CLI run with its baseline in a fresh process with its own cache: (its JSON, peak RSS in bytes)."""
     script = (
         "import json, resource, subprocess, sys\n"
         "out = subprocess.run([sys.executable, '-m', 'specviz', 'generate', '--pair', 'qwen-coder', '--target-precision',"
@@ -110,12 +110,35 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb() -> None:
         "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
         "print(json.dumps({'rc': out.returncode, 'err': out.stderr[-2000:], 'peak': peak, 'res': out.stdout}))\n"
     )
-    done = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    env = {**os.environ, "SPECVIZ_CACHE": str(cache)}
+    done = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout)
     assert done["rc"] == 0, done["err"]
     res = json.loads(done["res"])
     assert res["target_precision"] == "fp16w" and res["bit_exact"] is True
     assert res["identical_to_baseline"] is True and len(res["tokens"]) == 32
-    assert done["peak"] <= 4.5e9, f"peak RSS {done['peak'] / 1e9:.2f} GB"
+    return res, done["peak"]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_after(tmp_path: Path) -> None:
+    """The laptop promise, from a cache of its own (whatever this machine's cache holds, and whichever test ran first).
+
+    First start: an empty cache, so the GGUF is verified and each compact form is built tensor by tensor before
+    the models load (measured 4.45 GB here, 9.3 GB when a build held the whole fp32 model); later start: the same
+    command again from that cache (4.35 GB). Both at most 4.5 GB (10^9 bytes), loading included; the cache at most
+    5.5 GB."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    try:
+        first, first_peak = _generate_peak(cache)
+        size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        later, later_peak = _generate_peak(cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)  # 5.4 GB: pytest keeps its last temp folders
+    assert later["tokens"] == first["tokens"]
+    figures = f"first start {first_peak / 1e9:.2f} GB, later start {later_peak / 1e9:.2f} GB, cache {size / 1e9:.2f} GB"
+    assert first_peak <= 4.5e9 and later_peak <= 4.5e9 and size <= 5.5e9, figures
 
 
 def test_a_model_whose_layers_are_not_row_invariant_is_caught(monkeypatch) -> None:
