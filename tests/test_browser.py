@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import shutil
@@ -102,6 +103,35 @@ def _shot(page, name: str, readme_copy: str | None = None) -> None:
     page.screenshot(path=str(path), full_page=True)
     if readme_copy and README_SHOTS:
         shutil.copyfile(path, ROOT / "assets" / readme_copy)
+        _record_readme_shot(page, readme_copy)
+
+
+# the page's words, then what innerText leaves out or runs together: each metric as "label = value (delta)" and
+# each sidebar box's chosen entry (an <input>'s value is not text)
+PAGE_TEXT = """() => [document.body.innerText,
+  ...[...document.querySelectorAll('[data-testid="stMetric"]')].map(m => {
+    const part = id => (m.querySelector(`[data-testid="${id}"]`)?.innerText || '').trim();
+    return `metric: ${part('stMetricLabel')} = ${part('stMetricValue')} (${part('stMetricDelta')})`; }),
+  ...[...document.querySelectorAll('[data-testid="stSidebar"] input[role="combobox"]')]
+    .map(e => `box: ${e.getAttribute('aria-label')} = ${e.value}`)].join('\\n')"""
+
+
+def _git(*args: str) -> str:
+    """git's answer in this repository (read-only commands only)."""
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _record_readme_shot(page, name: str) -> None:
+    """Write the record of a README picture just saved (SPECVIZ_README_SHOTS=1): its figures read from the page itself."""
+    if not README_SHOTS:
+        return
+    from tests.test_readme_pictures import picture_record, save_record
+
+    code_changed = _git("status", "--porcelain", "--", "app.py", "pages", "specviz", "assets/style.css") != ""
+    text = page.evaluate(PAGE_TEXT)
+    (ARTIFACTS / f"{name}.txt").write_text(text, encoding="utf-8")  # what the record was read from (why it was busy)
+    save_record(picture_record(name, text, (ROOT / "assets" / name).read_bytes(),
+                               _git("rev-parse", "HEAD"), code_changed, datetime.date.today().isoformat()))
 
 
 def _wait_for_the_replay_end(page, seconds: int) -> None:
@@ -110,6 +140,42 @@ def _wait_for_the_replay_end(page, seconds: int) -> None:
         if page.get_by_role("button", name=PLAY).count():
             return
         page.wait_for_timeout(1000)
+
+
+def _play(page) -> None:
+    """Press Play. For the README's pictures the runs are computed while no page redraws (see _away_until_computed),
+    then replayed: on these 2 cores the Watch page redrawing beside the runs stretched the plain run's steps 1.6-2.7×
+    and the page rightly said the machine was busy (with no browser at all the spread was 1.14-1.25×)."""
+    from playwright.sync_api import expect
+
+    pause = page.get_by_role("button", name=re.compile(r"^Pause\b"))
+    page.get_by_role("button", name=PLAY).click()
+    if README_SHOTS:
+        pause.click()
+        _away_until_computed(page)
+        page.get_by_role("button", name=PLAY).click()
+        expect(pause).to_be_visible()  # the replay runs again (until then Play still shows: "the replay has ended")
+
+
+def _open_in_app(page, title: str) -> None:
+    """Open another page of the app in this session (its runs and state kept), even with a phone's sidebar closed."""
+    page.locator('[data-testid="stSidebarNavLink"]').filter(has_text=title).first.dispatch_event("click")
+
+
+def _away_until_computed(page, seconds: int = 600) -> None:
+    """Wait on Why checking is cheap (it redraws nothing before a button is pressed) until the Watch page's runs are
+    both done, looking back every 10 s: a paused Watch page still redraws each second while its runs compute."""
+    from playwright.sync_api import expect
+
+    race = page.get_by_role("button", name=re.compile("Start the race"))
+    for _ in range(seconds // 10):
+        _open_in_app(page, "Why checking is cheap")
+        page.wait_for_timeout(10_000)
+        _open_in_app(page, "Watch it work")
+        expect(race.or_(page.get_by_text("The race starts once both runs are measured")).first).to_be_visible()
+        if race.count():
+            return
+    raise AssertionError(f"the Watch page's runs were not done after {seconds} s")
 
 
 def _no_exception(page) -> None:
@@ -141,7 +207,7 @@ def test_a_teacher_runs_a_demo_in_chromium(server):
         prompt.press("Control+Enter")
         expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible()
         _no_exception(page)
-        page.get_by_role("button", name=PLAY).click()
+        _play(page)
 
         # rounds stream in: at least three lanes, with accepted and rejected guesses among them
         expect(page.locator(".sv-lane").nth(2)).to_be_visible()
@@ -189,7 +255,7 @@ def test_the_watch_page_plays_a_token_tree_in_chromium(server):
         prompt = page.get_by_label("Prompt (the models continue this text)")
         prompt.fill(PROMPT)
         prompt.press("Control+Enter")
-        page.get_by_role("button", name=PLAY).click()
+        _play(page)
         expect(page.locator(".sv-tree").first).to_be_visible()
         expect(page.get_by_role("button", name=re.compile("Start the race"))).to_be_visible()
         _wait_for_the_replay_end(page, 60)
@@ -203,6 +269,7 @@ def test_the_watch_page_plays_a_token_tree_in_chromium(server):
         # the README shows the tree picture itself (the page scrolls inside its own container: a page shot stops short of it)
         trees.first.scroll_into_view_if_needed()
         trees.first.screenshot(path=str(_readme_shot("screenshot-tree.png")))
+        _record_readme_shot(page, "screenshot-tree.png")
 
 
 XSS_PROMPT = ('Say <img src=x onerror="window.__xss=1;alert(1)"> and <script>window.__xss=2;alert(2)</script> '
@@ -277,6 +344,7 @@ def test_the_busy_server_lab_answers_a_prediction_with_its_recording_in_chromium
         end = page.get_by_text(re.compile("^Recorded with the same code")).bounding_box()
         page.screenshot(path=str(_readme_shot("screenshot-batch.png")), full_page=True,
                         clip={"x": 0, "y": top - 16, "width": 1440, "height": end["y"] + end["height"] - top + 32})
+        _record_readme_shot(page, "screenshot-batch.png")
 
 
 @contextlib.contextmanager
@@ -395,7 +463,7 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
         sidebar = page.locator('[data-testid="stSidebar"]')
         assert sidebar.count() == 0 or sidebar.bounding_box() is None or sidebar.bounding_box()["x"] < 0 \
             or sidebar.get_attribute("aria-expanded") == "false"
-        page.get_by_role("button", name=PLAY).click()
+        _play(page)
         expect(page.locator(".sv-lane").nth(2)).to_be_visible()
         expect(page.locator(".sv-fold")).to_have_count(1)  # the long prompt is folded to its last lines
         box = page.locator(".sv-text").first
@@ -412,4 +480,5 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
         # the README shows the part a pupil watches: from the rounds down through the text, one phone screen tall
         top = page.get_by_role("heading", name="Turn by turn").bounding_box()["y"]
         page.screenshot(path=str(_readme_shot("screenshot-phone.png")), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
+        _record_readme_shot(page, "screenshot-phone.png")
 
