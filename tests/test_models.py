@@ -16,7 +16,7 @@ import torch
 
 from specviz import models
 from specviz.models import base
-from specviz.models import fetch, gguf
+from specviz.models import fetch, gguf, stream
 from specviz.models.gguf import GgufPart, GgufSource
 from specviz.models import tiny
 from specviz.models.packed import pack_linears, unpack_linears
@@ -508,7 +508,7 @@ def test_smollm2_gguf_and_cached_loads_agree(smol_build, monkeypatch: pytest.Mon
 def test_damaged_cache_is_rebuilt(smol_build, tmp_cache: Path) -> None:
     cache, ids, reference, _ = smol_build
     shutil.copytree(cache / "smollm2-135m-instruct", tmp_cache / "smollm2-135m-instruct")
-    weights = tmp_cache / "smollm2-135m-instruct" / "model.safetensors"
+    weights = stream.shard_files(tmp_cache / "smollm2-135m-instruct")[0]
     with open(weights, "r+b") as fh:
         fh.truncate(1000)
     pair = load_pair("smollm2-135m", draft_precision="fp32")

@@ -276,7 +276,9 @@ def _cache_is_valid(folder: Path, src: GgufSource, form: Form = "fp32", legacy_o
     if not (legacy if legacy_only else legacy or current) or manifest.get("source_sha256") != src.sha256:
         return False
     files = manifest.get("files") or {}
-    return bool(files) and all(_size(folder / f) == n for f, n in files.items())
+    # shards come with their index (transformers reads the folder through it); one file of older specviz needs none
+    indexed = "model.safetensors" in files or "model.safetensors.index.json" in files
+    return bool(files) and indexed and all(_size(folder / f) == n for f, n in files.items())
 
 
 def _size(path: Path) -> int:

@@ -242,7 +242,24 @@ def write_shards(tensors: Tensors, lay: Layout, folder: Path, count: int,
     if pending:
         shard += 1
         _flush(pending, folder / f"model-{shard:05d}.safetensors")
+    _name_as_transformers_does(folder, shard)
     return checked
+
+
+def _name_as_transformers_does(folder: Path, shards: int) -> None:
+    """Rename the shards model-0000i-of-0000n.safetensors and write their index, so that transformers' own
+    from_pretrained reads the folder too (as it read the one file of older caches)."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i in range(1, shards + 1):
+        final = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        os.replace(folder / f"model-{i:05d}.safetensors", folder / final)
+        for name, entry in read_header(folder / final).items():
+            if name != "__metadata__":
+                weight_map[name] = final
+                total += entry["data_offsets"][1] - entry["data_offsets"][0]
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 
 
 def _check_layers(lay: Layout, name: str, tensor: torch.Tensor, stored: dict[str, torch.Tensor]) -> int:
