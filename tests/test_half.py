@@ -138,6 +138,7 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_
         shutil.rmtree(cache, ignore_errors=True)  # 5.4 GB: pytest keeps its last temp folders
     assert later["tokens"] == first["tokens"]
     figures = f"first start {first_peak / 1e9:.2f} GB, later start {later_peak / 1e9:.2f} GB, cache {size / 1e9:.2f} GB"
+    print(figures)  # pytest -rP shows them
     assert first_peak <= 4.5e9 and later_peak <= 4.5e9 and size <= 5.5e9, figures
 
 

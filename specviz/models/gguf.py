@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import hashlib
 import importlib.util
 import json
@@ -226,6 +227,7 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
             count, tensors = stream.gguf_tensors(gguf_path, config)
             _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.25, 1.0))
         del tensors, tokenizer
+        gc.collect()  # the GGUF reader's and tokenizer's objects sit in reference cycles until collected
         _return_freed_memory()  # the build's freed heap goes back before the models load
     return final
 
