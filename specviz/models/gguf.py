@@ -595,9 +595,7 @@ def _read_file(path: Path, targets: dict[str, torch.Tensor], sinks: dict[str, An
     import numpy as np
 
     with open(path, "rb") as fh:
-        header_len = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(header_len))
-        start = 8 + header_len
+        header, start = stream.header_of(fh)
         for name, entry in header.items():
             wanted = name in targets or name in sinks or (extras is not None and name.endswith(_INT8_PARTS))
             if name == "__metadata__" or not wanted:

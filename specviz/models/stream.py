@@ -94,9 +94,8 @@ def _dequantize_rows(dequantize: Callable[[np.ndarray, Any], np.ndarray], data: 
 
 def file_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a safetensors file, read one at a time with plain reads (no mapping: nothing counted twice)."""
-    header = read_header(path)
-    start = 8 + int.from_bytes(path.open("rb").read(8), "little")
     with open(path, "rb") as fh:
+        header, start = header_of(fh)
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
@@ -116,7 +115,13 @@ def model_tensors(model: nn.Module) -> Tensors:
 def read_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file: {name: {dtype, shape, data_offsets}}."""
     with open(path, "rb") as fh:
-        return json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        return header_of(fh)[0]
+
+
+def header_of(fh: Any) -> tuple[dict[str, Any], int]:
+    """The header of a safetensors file open at its start, and where its data begins."""
+    length = int.from_bytes(fh.read(8), "little")
+    return json.loads(fh.read(length)), 8 + length
 
 
 def read_tensor(fh: Any, start: int, name: str, entry: dict[str, Any], path: Path) -> torch.Tensor:
@@ -264,9 +269,9 @@ def _name_as_transformers_does(folder: Path, shards: int) -> None:
 
 def _check_layers(lay: Layout, name: str, tensor: torch.Tensor, stored: dict[str, torch.Tensor]) -> int:
     """Check the linears whose stored form differs from the fp32 tensor; returns how many."""
-    converted = [module for module in {n[: -len(p)] for n in stored for p in INT8_PARTS if n.endswith(p)}]
+    converted = {n[: -len(INT8_PARTS[0])] for n in stored if n.endswith(INT8_PARTS[0])}
     if name in stored and stored[name].dtype == torch.float16:
-        converted.append(name[: -len(".weight")])
+        converted.add(name[: -len(".weight")])
     for module in converted:
         _check_layer(module, tensor, stored)
     return len(converted)
