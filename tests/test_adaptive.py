@@ -4,7 +4,8 @@ import pytest
 
 from specviz.core.progress import drain
 from specviz.core.adaptive import AdaptiveGamma
-from specviz.core.drafters import ModelDrafter, make_drafter
+from specviz.core.drafters.model import ModelDrafter
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GenerationConfig, RoundTrace
 from specviz.core.metrics import compare
@@ -86,7 +87,7 @@ def test_adaptive_greedy_is_lossless(drafter_kind):
     drafter = {
         "right": ModelDrafter(target, min_confidence=0.4),
         "wrong": WrongDrafter(target),
-        "other": make_drafter("model", tiny_lm(1), adaptive=True),
+        "other": drafters.build("model", tiny_lm(1), adaptive=True),
     }[drafter_kind]
     cfg = GenerationConfig(max_new_tokens=60, gamma=8, adaptive=True, sampling=SamplingConfig("greedy"))
     base = drain(autoregressive_generate(target, TOK, PROMPT, cfg))

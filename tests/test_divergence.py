@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specviz.core.divergence import divergence_with_gap, first_divergence
-from specviz.core.drafters import ModelDrafter
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig

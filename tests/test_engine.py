@@ -8,7 +8,9 @@ from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.core.progress import drain
-from specviz.core.drafters import ChainDraftSession, Draft, ModelDrafter, NgramDrafter, find_ngram_continuation
+from specviz.core.rounds import ChainDraftSession, Draft
+from specviz.core.drafters.model import ModelDrafter
+from specviz.core.drafters.ngram import NgramDrafter, find_ngram_continuation
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GenerationConfig
 from specviz.core.kv import CachedLM
@@ -65,7 +67,7 @@ class WrongDrafter:
             def propose_steps(self, ids, gamma, generator):
                 seq = list(ids)
                 for _ in range(gamma):
-                    seq.append((int((yield lm.feed(seq, 1))[0].argmax()) + 1) % vocab_size)
+                    seq.append((int((yield lm.feed(seq, 1)).logits[0].argmax()) + 1) % vocab_size)
                 toks = tuple(seq[len(ids):])
                 return Draft(toks, logits_to_probs(torch.nn.functional.one_hot(torch.tensor(toks), vocab_size).float(), sampling))
 

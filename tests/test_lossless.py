@@ -6,12 +6,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specviz.core.drafters import ModelDrafter
+from specviz.core import drafters
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import speculative_generate
 from specviz.core.rounds import CachedTarget, solo
 from specviz.core.trace import GenerationConfig
 from specviz.core.progress import drain
 from specviz.labs.same_answer import (
+    MemoTarget, sampling_drafter,
     ExactLaw, GreedyComparison, SampleConfig, SampleCounts, SpecConfig, binned, exact_law,
     fit_test, greedy_comparison, histogram_rows, memo_drafter, reference_job, speculative_job, target_memo,
 )
@@ -76,9 +78,24 @@ def test_prefix_memo_evicts_but_stays_correct(target):
 
 
 def test_memo_target_matches_the_engines_default(target):
-    memo, plain = target_memo(target, SAMPLING), CachedTarget(target, SAMPLING)
+    memo, plain = MemoTarget(target_memo(target, SAMPLING)), CachedTarget(target, SAMPLING)
     solo(plain.prefill(PROMPT))
-    assert torch.allclose(solo(memo.probs(PROMPT + [2, 3], 3)), solo(plain.probs(PROMPT + [2, 3], 3)), atol=1e-5)
+    assert torch.allclose(solo(memo.probs(PROMPT + [2, 3], 3)).p, solo(plain.probs(PROMPT + [2, 3], 3)).p, atol=1e-5)
+    tokens, parents = [2, 4, 3, 1], [-1, -1, 0, 2]  # two children of the root, a branch of three under the first
+    assert torch.allclose(solo(memo.tree_probs(PROMPT, tokens, parents)).p,
+                          solo(plain.tree_probs(PROMPT, tokens, parents)).p, atol=1e-5)
+
+
+def test_memoised_tree_run_replays_the_plain_tree_run(target, draft):
+    """The Same answer lab's tree: q and p from memos, every draw and verdict as in a plain tree run."""
+    vocab = target.config.vocab_size
+    for seed in range(4):
+        cfg = GenerationConfig(max_new_tokens=3, gamma=3, sampling=SamplingConfig(**{**SAMPLING.__dict__, "seed": seed}))
+        memoised = sampling_drafter("tree", draft, target, SAMPLING, vocab)
+        a = drain(speculative_generate(target, drafters.build("tree", draft), TOK, PROMPT, cfg))
+        b = drain(speculative_generate(target, memoised, TOK, PROMPT, cfg, target_probs=MemoTarget(target_memo(target, SAMPLING))))
+        assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
+        assert all(r.tree is not None for r in b.rounds if r.draft_ids)
 
 
 def test_memo_drafter_drafts_what_model_drafter_drafts(target, draft):
@@ -96,7 +113,7 @@ def test_memoised_engine_run_replays_the_plain_run(target, draft):
     for seed in range(5):
         cfg = GenerationConfig(max_new_tokens=4, gamma=3, sampling=SamplingConfig(**{**SAMPLING.__dict__, "seed": seed}))
         a = drain(speculative_generate(target, ModelDrafter(draft), TOK, PROMPT, cfg))
-        b = drain(speculative_generate(target, memoised, TOK, PROMPT, cfg, target_probs=memo))
+        b = drain(speculative_generate(target, memoised, TOK, PROMPT, cfg, target_probs=MemoTarget(memo)))
         assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
 
 

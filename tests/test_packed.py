@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.drafters import ModelDrafter
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig

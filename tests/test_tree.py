@@ -14,7 +14,9 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig, logits_to_probs
 from specviz.core.trace import GenerationConfig
-from specviz.core.tree import DraftTree, TreeConfig, TreeDrafter, TreeLM, pick_children
+from specviz.core.tree_rule import DraftTree
+from specviz.core.drafters.tree import TreeConfig, TreeDrafter, pick_children
+from specviz.core.kv import TreeLM
 from specviz.core.tree_rule import verify_tree, walk_tree
 from tests.test_engine import PROMPT, TOK, other, target, tiny_lm  # noqa: F401 (fixtures)
 
@@ -408,7 +410,7 @@ def test_tree_round_records_the_whole_tree(target, other):
 
 
 def test_chains_keep_no_tree(target, other):
-    from specviz.core.drafters import ModelDrafter
+    from specviz.core.drafters.model import ModelDrafter
 
     spec = drain(speculative_generate(target, ModelDrafter(other), TOK, PROMPT, GenerationConfig(max_new_tokens=10)))
     assert all(r.tree is None for r in spec.rounds)

@@ -1,9 +1,9 @@
 """The decoding loop: a run is a program of rounds that asks for model passes; `speculative_generate` and `autoregressive_generate` answer them alone.
 
-`run_program` is only the loop: it prefills, asks the policy for γ, lets the run's session play a
-round (`RoundSession.round`, whatever the drafter), cuts at EOS or the budget, and yields each
-RoundTrace. The passes it needs come out of it as Feeds; `rounds.solo_run` answers them one by one,
-and `specviz.serve` answers many runs' feeds in one forward. Both give each run the same logits.
+`run_program` is only the loop: it prefills (and tells the session what the target settled), asks
+the policy for γ, lets the run's session play a round (`RoundSession.round`, whatever the drafter),
+cuts at EOS or the budget, and yields each RoundTrace. The passes it needs come out of it as Feeds; `rounds.solo_run` answers them one by one,
+and `specviz.serve` answers many runs' feeds in one forward. Both give each run the same answers.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any
 import torch
 
 from specviz.core.adaptive import AdaptiveGamma
-from specviz.core.forward import Feed
+from specviz.core.forward import Feed, Pass
 from specviz.core import clock
 from specviz.core.clock import ms_since
-from specviz.core.rounds import CachedTarget, Drafter, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, solo_run
+from specviz.core.rounds import CachedTarget, Drafter, Kept, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, solo_run
 from specviz.core.sampling import AcceptRule, verify_draft
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace, StopReason
 
 GenIter = Generator[RoundTrace, None, Generation]
-Program = Generator[Feed | RoundTrace, torch.Tensor | None, Generation]  # yields passes (sent their logits) and rounds (sent None)
+Program = Generator[Feed | RoundTrace, Pass | None, Generation]  # yields passes (sent their answers) and rounds (sent None)
 GammaPolicy = Callable[[Sequence[RoundTrace]], int]
 
 
@@ -134,7 +134,9 @@ def run_program(
     stop: StopReason | None = None
 
     t0 = clock.now()
-    yield from tools.target.prefill(ids)
+    hidden = yield from tools.target.prefill(ids, session.features)
+    session.hear(Kept(ids=tuple(ids), start=0, drafted=0, accepted=0, path=(), next_token=None, next_origin=None,
+                      hidden=hidden))
     yield from session.prefill(ids)
     prefill_ms, t_decode = ms_since(t0), clock.now()
 

@@ -34,10 +34,23 @@ class Feed:
     positions: tuple[int, ...]  # (n,) their position ids (a tree's nodes share positions by depth)
     mask: torch.Tensor | None  # (1, 1, n, kv) mask over the cache after the pass; None = plain causal (one row, or an empty cache)
     first_logit: int  # logits are wanted for rows first_logit..n-1
+    # hidden states wanted, as indices into transformers' `hidden_states` (0 = the embeddings, -1 = the last
+    # layer's output after the final norm, what the LM head reads); for rows first_hidden..n-1. () = none
+    # (as transformers' assistants ask for `requires_model_outputs` and vLLM's EAGLE for `target_hidden_states`)
+    layers: tuple[int, ...] = ()
+    first_hidden: int = 0
 
     @property
     def rows(self) -> int:
         return len(self.ids)
+
+
+@dataclass(frozen=True, eq=False)
+class Pass:
+    """What one pass answers one feed: its wanted logits, and the hidden states it asked for (a value the loop hands in)."""
+
+    logits: torch.Tensor  # (n - first_logit, V) fp32
+    hidden: tuple[torch.Tensor, ...] = ()  # one (n - first_hidden, d) fp32 tensor per asked layer, in the feed's order
 
 
 def causal_mask(past: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -96,8 +109,8 @@ def use_packed_attention(model: torch.nn.Module) -> None:
 
 
 @torch.inference_mode()
-def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]:
-    """One pass of `model` over every feed's new rows; each feed's wanted logits (n_i - first_logit, V) in fp32, in order."""
+def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[Pass]:
+    """One pass of `model` over every feed's new rows; each feed's wanted logits (n_i - first_logit, V) and hidden states, in order."""
     if not feeds:
         return []
     use_packed_attention(model)
@@ -106,8 +119,17 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[torch.Tensor]
     positions = torch.tensor([[p for f in feeds for p in f.positions]], dtype=torch.long, device=device)  # (1, N)
     runs = _Runs(feeds)
     keep = [a + f.first_logit + j for (a, b), f in zip(runs.spans, feeds) for j in range(b - a - f.first_logit)]
+    hidden = any(f.layers for f in feeds)  # the other layers' outputs are only kept when someone asked
     out = model(input_ids=ids, position_ids=positions, attention_mask=_PER_RUN, cache=runs, use_cache=True,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device), runs=runs)
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device), runs=runs,
+                output_hidden_states=hidden)
     logits = out.logits[0].float()  # (K, V)
     sizes = [f.rows - f.first_logit for f in feeds]
-    return list(torch.split(logits, sizes))
+    return [Pass(part, _hidden_of(out.hidden_states, f, a) if hidden else ())
+            for part, f, (a, _) in zip(torch.split(logits, sizes), feeds, runs.spans)]
+
+
+def _hidden_of(states: Sequence[torch.Tensor], feed: Feed, start: int) -> tuple[torch.Tensor, ...]:
+    """One feed's asked layers, its rows first_hidden..n-1 only, as fp32 copies (the pass's own tensors are freed)."""
+    a, b = start + feed.first_hidden, start + feed.rows
+    return tuple(states[layer][0, a:b].float().clone() for layer in feed.layers)

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specviz.core.forward import Feed, causal_mask, forward
+from specviz.core.forward import Feed, Pass, causal_mask, forward
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -47,28 +47,35 @@ class CachedLM:
             self.cache.crop(-extra)
             del self.ids[length:]
 
-    def feed(self, ids: Sequence[int], n_last: int) -> Feed:
-        """The pass that gives logits of the last n_last positions of `ids`, reusing the cache (the ids count as cached from now)."""
+    def feed(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = (), hidden_last: int | None = None) -> Feed:
+        """The pass that gives logits of the last n_last positions of `ids`, reusing the cache (the ids count as cached from now).
+
+        `layers`: hidden states wanted too, at the last `hidden_last` positions (default n_last; never more than the rows fed).
+        """
         keep = min(common_prefix_len(self.ids, ids), len(ids) - n_last)
         self.crop(keep)
         new = tuple(ids[keep:])
         self.ids.extend(new)
         mask = causal_mask(keep, len(new), self.dtype, self.device)
-        return Feed(self.model, self.cache, new, tuple(range(keep, keep + len(new))), mask, len(new) - n_last)
+        first_hidden = max(0, len(new) - (n_last if hidden_last is None else hidden_last))
+        return Feed(self.model, self.cache, new, tuple(range(keep, keep + len(new))), mask, len(new) - n_last,
+                    layers, first_hidden)
 
     def logits(self, ids: Sequence[int], n_last: int) -> torch.Tensor:
         """Logits (n_last, V) of the last n_last positions of `ids`, from one pass of this request alone."""
-        return forward(self.model, [self.feed(ids, n_last)])[0]
+        return forward(self.model, [self.feed(ids, n_last)])[0].logits
 
-    def prefill_feed(self, ids: Sequence[int]) -> Feed | None:
-        """The pass that caches every id but the last, which the first step feeds itself (None: nothing to cache)."""
-        return self.feed(list(ids[:-1]), 1) if len(ids) > 1 else None
+    def prefill_feed(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Feed | None:
+        """The pass that caches every id but the last, which the first step feeds itself (None: nothing to cache);
+        with `layers`, their hidden states at every position it feeds."""
+        return self.feed(list(ids[:-1]), 1, layers, hidden_last=len(ids) - 1) if len(ids) > 1 else None
 
-    def prefill_steps(self, ids: Sequence[int]) -> Generator[Feed, torch.Tensor, None]:
-        """The prefill as a program's step: its one pass, if there is anything to cache."""
-        feed = self.prefill_feed(ids)
-        if feed is not None:
-            yield feed
+    def prefill_steps(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Generator[Feed, Pass, Pass | None]:
+        """The prefill as a program's step: its one pass, if there is anything to cache (its answer is returned)."""
+        feed = self.prefill_feed(ids, layers)
+        if feed is None:
+            return None
+        return (yield feed)
 
     def prefill(self, ids: Sequence[int]) -> None:
         """The prefill, answered alone."""
@@ -95,11 +102,12 @@ class TreeLM(CachedLM):
             self.cache.crop(-len(self.tree_tokens))
             self.tree_tokens, self.tree_parents = [], []
 
-    def feed(self, ids: Sequence[int], n_last: int) -> Feed:
+    def feed(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = (), hidden_last: int | None = None) -> Feed:
         self.drop_tree()
-        return super().feed(ids, n_last)
+        return super().feed(ids, n_last, layers, hidden_last)
 
-    def tree_feed(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int], with_root: bool) -> Feed:
+    def tree_feed(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int], with_root: bool,
+                  layers: tuple[int, ...] = ()) -> Feed:
         """The pass that gives logits of new tree nodes (n, V), preceded by the last id's row when with_root: (1+n, V).
 
         `parents` index the tree entries (those cached before this call come first); -1 hangs a
@@ -119,11 +127,11 @@ class TreeLM(CachedLM):
         self.tree_tokens += list(tokens)
         self.tree_parents = all_parents
         first = len(chain) - 1 if with_root else len(chain)
-        return Feed(self.model, self.cache, tuple(chain) + tuple(tokens), tuple(positions), mask, first)
+        return Feed(self.model, self.cache, tuple(chain) + tuple(tokens), tuple(positions), mask, first, layers, first)
 
     def tree_logits(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int], with_root: bool) -> torch.Tensor:
         """`tree_feed`'s logits from one pass of this request alone."""
-        return forward(self.model, [self.tree_feed(ids, tokens, parents, with_root)])[0]
+        return forward(self.model, [self.tree_feed(ids, tokens, parents, with_root)])[0].logits
 
     def _tree_mask(self, n_committed: int, n_chain: int, n_old: int, parents: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Additive 4-D mask (1, 1, c+n, kv) and position ids (c+n,) of the rows fed now.

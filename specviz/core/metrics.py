@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specviz.core import drafters
 from specviz.core.divergence import Divergence, first_divergence
 from specviz.core.trace import Generation, RoundTrace
 
@@ -183,14 +184,14 @@ class Comparison:
 def effective_gamma(spec: Generation) -> float:
     """The configured γ, or the mean drafted per drafting round where drafts vary (adaptive, n-gram, the
     nodes of a tree)."""
-    if spec.config.adaptive or spec.drafter in ("ngram", "tree"):
+    if spec.config.adaptive or (spec.drafter != "none" and drafters.spec(spec.drafter).length == "variable"):
         return mean_draft_length(spec.rounds) or 0.0
     return float(spec.config.gamma)
 
 
 def chain_formula_applies(drafter: str) -> bool:
-    """Leviathan's formula describes a chain of guesses; a tree's tokens per pass follow other odds (no formula here)."""
-    return drafter != "tree"
+    """Whether Leviathan's formula describes this drafter's rounds (a chain's; a tree's tokens per pass follow other odds)."""
+    return drafter != "none" and drafters.spec(drafter).leviathan
 
 
 def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:

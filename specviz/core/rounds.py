@@ -1,10 +1,13 @@
-"""The round interface: a drafter bound to one run plays each round as a program that asks for model passes (Feeds) and gets logits back.
+"""The round interface: a drafter bound to one run plays each round as a program that asks for model passes (Feeds) and gets Passes back.
 
 A round never calls a model. It yields a `Feed` — which ids to score after what the run's own
-cache holds — and is resumed with that pass's logits (n, V). Whoever answers decides how: alone
-(`solo`), or in one forward with other runs' feeds (`specviz.serve`). Every drafter kind — the
-draft model's chain, the n-gram lookup, the token tree, and the target alone — goes through this
-one interface (`RoundSession.round`), so the decoding loop knows no drafter kind and no batching.
+cache holds, and which hidden states it wants besides the logits — and is resumed with that
+pass's answer (a `Pass`). Whoever answers decides how: alone (`solo`), or in one forward with
+other runs' feeds (`specviz.serve`). A round is a chain round (`chain_round`: any proposer of a
+row of tokens) or a tree round (`tree_round`: any proposer of a tree); after the prefill and after
+every round the run's drafter session hears what the target settled (`Kept`: the verdict and the
+target's hidden states at the kept positions). So the decoding loop knows no drafter kind and no
+batching, and a new drafter is a session with a proposer (see `specviz.core.drafters`).
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ import torch
 
 from specviz.core import clock
 from specviz.core.clock import ms_since
-from specviz.core.forward import Feed, forward
+from specviz.core.forward import Feed, Pass, forward
 from specviz.core.kv import TreeLM
 from specviz.core.progress import drain
 from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs
 from specviz.core.trace import RoundTrace, TopDist
 
 R = TypeVar("R")
-Steps = Generator[Feed, torch.Tensor, R]  # a program: yields the passes it needs, is sent their logits, returns R
+Steps = Generator[Feed, Pass, R]  # a program: yields the passes it needs, is sent their answers, returns R
 
 
 def solo_run(program: Generator[Any, Any, R]) -> Generator[Any, None, R]:
     """Answer a program's passes one at a time, alone: each Feed gets its own forward; anything else it yields
     (a RoundTrace) is passed on. Returns the program's result."""
-    answer: torch.Tensor | None = None
+    answer: Pass | None = None
     while True:
         try:
             item = program.send(answer)
@@ -79,13 +82,32 @@ def top_dist(probs: torch.Tensor, n: int, texts: TokenTexts) -> TopDist:
     return TopDist(tuple(ids_l), tuple(vals_l), texts(ids_l))
 
 
+@dataclass(frozen=True, eq=False)
+class Scored:
+    """The target's answer to one scoring pass: p at the asked rows, and the hidden states the run asked for at the same rows."""
+
+    p: torch.Tensor  # (n, V) after the run's sampling transform
+    hidden: tuple[torch.Tensor, ...] = ()  # one (n, d) per asked layer; () when none was asked
+
+
 class TargetProbs(Protocol):
-    """Where a run reads the target's p from; the default is the run's own KV cache (anything with the same answers works)."""
+    """Where a run reads the target from; the default is the run's own KV cache (anything with the same answers works)."""
 
-    def prefill(self, ids: Sequence[int]) -> Steps[None]: ...
+    def prefill(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Steps[tuple[torch.Tensor, ...]]:
+        """Cache every id but the last; the asked layers' hidden states (len(ids) - 1, d) at those positions, or ()."""
+        ...
 
-    def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
-        """p (n_last, V) after the run's sampling transform, at the last n_last positions of ids."""
+    def probs(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        """p (n_last, V) at the last n_last positions of ids (and the asked hidden states there)."""
+        ...
+
+    def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        """p (n+1, V) after the last id and after every node of a tree (parents: -1 = the last id), from one pass."""
+        ...
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep the accepted branch (node indices, root to leaf) of the last scored tree; drop the other nodes."""
         ...
 
 
@@ -96,21 +118,41 @@ class CachedTarget:
         self.lm = TreeLM(model)
         self.sampling = sampling
 
-    def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        return self.lm.prefill_steps(ids)
+    def prefill(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Steps[tuple[torch.Tensor, ...]]:
+        answer = yield from self.lm.prefill_steps(ids, layers)
+        return answer.hidden if answer is not None else ()
 
-    def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
-        logits = yield self.lm.feed(ids, n_last)
-        return logits_to_probs(logits, self.sampling)  # (n_last, V)
+    def probs(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        answer = yield self.lm.feed(ids, n_last, layers)
+        return Scored(logits_to_probs(answer.logits, self.sampling), answer.hidden)  # (n_last, V)
 
-    def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> Steps[torch.Tensor]:
-        """p (n+1, V) after the last id and after every tree node, from one target pass."""
-        logits = yield self.lm.tree_feed(ids, tokens, parents, with_root=True)
-        return logits_to_probs(logits, self.sampling)
+    def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        answer = yield self.lm.tree_feed(ids, tokens, parents, with_root=True, layers=layers)
+        return Scored(logits_to_probs(answer.logits, self.sampling), answer.hidden)
 
     def commit(self, path: Sequence[int]) -> None:
-        """Keep the accepted branch of the last scored tree in the cache."""
         self.lm.commit(path)
+
+
+@dataclass(frozen=True, eq=False)
+class Kept:
+    """What the target settled, told to the run's drafter session after the prefill and after every round.
+
+    `hidden` holds the target's features at the positions whose tokens are settled and whose rows
+    the target has now computed: after the prefill every prompt position but the last; after a
+    round the position before the draft and each accepted one (accepted + 1 rows). The correction
+    or bonus token has no row yet: the next round's first row is its.
+    """
+
+    ids: tuple[int, ...]  # the run's ids now: the prompt and every kept token, this round's correction or bonus included
+    start: int  # the position of hidden's first row
+    drafted: int  # tokens proposed this round (a tree: its nodes); 0 after the prefill
+    accepted: int  # of them, kept
+    path: tuple[int, ...]  # the kept proposals' indices (a chain: 0..accepted-1; a tree: its nodes, root to leaf)
+    next_token: int | None  # the target's own token (None after the prefill)
+    next_origin: str | None  # "correction", "bonus" or "target"
+    hidden: tuple[torch.Tensor, ...] = ()  # one (rows, d) per layer the session asked for; () when it asked none
 
 
 @dataclass(frozen=True)
@@ -137,11 +179,15 @@ class RunTools:
 
 
 class RoundSession(Protocol):
-    """A drafter bound to one run (it owns that run's draft state, e.g. a KV cache): reads the prompt, then plays rounds."""
+    """A drafter bound to one run (it owns that run's draft state, e.g. a KV cache): reads the prompt, plays rounds, hears verdicts."""
+
+    features: tuple[int, ...]  # the target's hidden-state layers it wants in every `Kept` (transformers' indices); () = none
 
     def prefill(self, ids: Sequence[int]) -> Steps[None]: ...
 
     def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]: ...
+
+    def hear(self, kept: Kept) -> None: ...
 
 
 class Drafter(Protocol):
@@ -152,23 +198,62 @@ class Drafter(Protocol):
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> RoundSession: ...
 
 
+class Session:
+    """The base of every session: no prompt reading, no features, nothing to do with a verdict (override what you need)."""
+
+    features: tuple[int, ...] = ()
+
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
+        yield from ()
+
+    def hear(self, kept: Kept) -> None:
+        pass
+
+
 class ChainSession(Protocol):
     """A session whose rounds are chains: it proposes up to γ tokens in a row, and `chain_round` does the rest."""
 
+    features: tuple[int, ...]
+
+    def prefill(self, ids: Sequence[int]) -> Steps[None]: ...
+
     def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]: ...
+
+    def hear(self, kept: Kept) -> None: ...
+
+
+class ChainDraftSession(Session):
+    """The base of every chain drafter's session: write `propose_steps` (and `prefill` if it reads the prompt); rounds are chain rounds."""
+
+    def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+        return chain_round(self, r, tools)
+
+    def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
+        """`propose_steps` answered alone (tests and tools that draft outside a run)."""
+        return solo(self.propose_steps(ids, gamma, generator))
+
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
+        raise NotImplementedError
 
 
 def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[RoundTrace]:
-    """Draft up to γ tokens, verify them in one target pass, keep the agreed prefix plus one token, and record it."""
+    """Draft up to γ tokens, verify them in one target pass, keep the agreed prefix plus one token, tell the session, record it."""
     k_max = max(0, min(r.gamma, r.budget - 1))  # never draft past the budget
     t = clock.now()
     draft = (yield from session.propose_steps(r.ids, k_max, tools.generator)) if k_max else Draft((), torch.zeros(0, tools.vocab))
     draft_ms = ms_since(t) if k_max else 0.0
     t = clock.now()
-    p = yield from tools.target.probs(r.ids + draft.tokens, len(draft.tokens) + 1)  # (k+1, V)
+    k = len(draft.tokens)
+    scored = yield from tools.target.probs(r.ids + draft.tokens, k + 1, session.features)  # p (k+1, V)
+    p = scored.p
     toks = torch.tensor(draft.tokens, dtype=torch.long, device=p.device)
     verdict = tools.rule(p, draft.q.to(p.device), toks, tools.generator)
     verify_ms = ms_since(t)
+    n = verdict.n_accepted
+    session.hear(Kept(ids=r.ids + draft.tokens[:n] + (verdict.next_token,), start=len(r.ids) - 1, drafted=k, accepted=n,
+                      path=tuple(range(n)), next_token=verdict.next_token,
+                      next_origin=verdict.next_origin if k else "target",
+                      hidden=tuple(h[: n + 1] for h in scored.hidden)))
     return chain_trace(r, draft, p.cpu(), verdict, tools, draft_ms, verify_ms)
 
 
@@ -202,13 +287,10 @@ def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunT
     )
 
 
-class TargetAlone:
+class TargetAlone(Session):
     """The session of a target-only run: every round is one target step with nothing drafted."""
 
     name = "none"
-
-    def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        yield from ()
 
     def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
         yield from ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specviz.core.limits import GAMMA_RANGE, check_gamma, check_max_new_tokens  # noqa: F401 (GAMMA_RANGE: the bound of the config)
+from specviz.core.limits import check_gamma, check_max_new_tokens
 from specviz.core.sampling import SamplingConfig
 
 NextOrigin = Literal["correction", "bonus", "target"]
