@@ -10,18 +10,21 @@ from typing import Any
 
 import streamlit as st
 
+from specviz import host
+from specviz.bench.timing import NOISY_SPREAD
+from specviz.core.limits import REPEATS_RANGE
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
-from specviz.app.policy import bounded
+from specviz.settings import bounded
 from specviz.app import predict
 from specviz.viz import predict as predict_view
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import current_policy, settings
 from specviz.labs import busy
-from specviz.serve.measure import BatchReport, batch_steps
+from specviz.bench.batch import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, NOISY_SPREAD, REPEATS_RANGE, PassCost, PassCostConfig, Reference, load_reference, measure_pass_cost,
+    GPU_FIGURES, PassCost, PassCostConfig, Reference, load_reference, measure_pass_cost,
 )
 from specviz.viz import why_cheap as why_cheap_view
 
@@ -187,7 +190,7 @@ def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> 
         repeats = st.number_input("Repeats per batch size", 1, 5, value=busy.LAB_REPEATS, step=1, key=f"{P}busy_repeats",
                                   width=200, help="Each repeat runs every batch size once more; the chart's whiskers "
                                   "span the repeats. Batch 1–16 with 3 repeats takes about 10 minutes with the Qwen "
-                                  "pair on a 2-core CPU.") if live_ok and not d1 else busy.LAB_REPEATS
+                                  f"pair on 2 CPU cores; this server: {host.machine_words()}.") if live_ok and not d1 else busy.LAB_REPEATS
     if not live_ok:
         st.caption("In this classroom the recorded measurement is shown: a live one would hold the shared models "
                    "for minutes. The operator can allow it (`SPECVIZ_CLASSROOM_LIVE_BATCH=1`).")

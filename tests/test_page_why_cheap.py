@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from specviz.bench import timing
 from specviz.app import jobs
 from specviz.labs import busy
 from specviz.labs import why_cheap as vc
@@ -145,7 +146,7 @@ def test_a_classroom_shows_the_recording_unless_the_operator_allows_live_batches
 
 
 def test_gpu_figures_file_is_shown_when_present(tmp_path, monkeypatch):
-    cost = vc.PassCost("qwen-coder", vc.Machine("cuda", "Test GPU", 8), 93, (1, 2, 4), ((10.0,), (10.5,), (11.0,)))
+    cost = vc.PassCost("qwen-coder", timing.Machine("cuda", "Test GPU", 8), 93, (1, 2, 4), ((10.0,), (10.5,), (11.0,)))
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"note": "measured for a test", "pass_cost": vc.pass_cost_to_dict(cost)}), "utf-8")
     original = vc.load_reference

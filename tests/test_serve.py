@@ -4,13 +4,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specviz.core.drafters import make_drafter
+from specviz.core import drafters
+from specviz.core.forward import forward
 from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_generate, speculative_program
 from specviz.core.kv import CachedLM
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.core.tree import TreeConfig
+from specviz.core.drafters.tree import TreeConfig
 from specviz.models.packed import pack_linears
 from specviz.serve.batch import Batch, run_together
 from specviz.serve.exact import batch_exactness
@@ -66,7 +67,7 @@ RUNS = (
 def program(target, draft, kind, prompt, cfg):
     if kind == "none":
         return autoregressive_program(target, TOK, prompt, cfg)
-    return speculative_program(target, make_drafter(kind, draft, adaptive=cfg.adaptive,
+    return speculative_program(target, drafters.build(kind, draft, adaptive=cfg.adaptive,
                                                     tree=TreeConfig(budget=8, branching=2, depth=4, min_score=0.0)),
                                TOK, prompt, cfg)
 
@@ -74,7 +75,7 @@ def program(target, draft, kind, prompt, cfg):
 def alone(target, draft, kind, prompt, cfg):
     if kind == "none":
         return drain(autoregressive_generate(target, TOK, prompt, cfg))
-    return drain(speculative_generate(target, make_drafter(kind, draft, adaptive=cfg.adaptive,
+    return drain(speculative_generate(target, drafters.build(kind, draft, adaptive=cfg.adaptive,
                                                            tree=TreeConfig(budget=8, branching=2, depth=4, min_score=0.0)),
                                       TOK, prompt, cfg))
 
@@ -89,10 +90,8 @@ def test_packed_passes_give_each_run_the_logits_it_gets_alone(target):
     lms = [CachedLM(target) for _ in prompts]
     for lm, p in zip(lms, prompts):
         lm.prefill(p[:-3])
-    from specviz.core.forward import forward
-
     packed = forward(target, [lm.feed(p, 4 if len(p) > 4 else len(p)) for lm, p in zip(lms, prompts)])
-    assert all(torch.equal(a, b) for a, b in zip(alone_out, packed))
+    assert all(torch.equal(a, b.logits) for a, b in zip(alone_out, packed))
 
 
 def test_runs_of_every_kind_together_equal_each_run_alone(target, draft):
@@ -172,12 +171,12 @@ def test_real_pair_runs_together_match_alone_and_the_targets_greedy_text(qwen_pa
         "SELECT name FROM pupils WHERE", "The capital of France is", "for i in range(10):")]
     tree = TreeConfig()
     runs = [
-        (make_drafter("model", pair.draft), enc[0], greedy(12)),
-        (make_drafter("tree", pair.draft, tree=tree), enc[1], greedy(10)),
-        (make_drafter("ngram", None), enc[2], greedy(9)),
+        (drafters.build("model", pair.draft), enc[0], greedy(12)),
+        (drafters.build("tree", pair.draft, tree=tree), enc[1], greedy(10)),
+        (drafters.build("ngram", None), enc[2], greedy(9)),
         (None, enc[3], greedy(8)),
-        (make_drafter("model", pair.draft), enc[4], sampled(8, seed=2)),
-        (make_drafter("model", pair.draft, adaptive=True), enc[5], greedy(11, gamma=8, adaptive=True)),
+        (drafters.build("model", pair.draft), enc[4], sampled(8, seed=2)),
+        (drafters.build("model", pair.draft, adaptive=True), enc[5], greedy(11, gamma=8, adaptive=True)),
     ]
 
     def prog(d, ids, cfg):
@@ -209,7 +208,7 @@ def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
     sampling = SamplingConfig("sample", temperature=0.8, top_p=0.95)
     ids = pair.tokenizer("My favourite colour is", add_special_tokens=False)["input_ids"]
     cfg = SampleConfig(sampling, n_samples=400, n_tokens=2)
-    drafter = make_drafter("model", pair.draft)
+    drafter = drafters.build("model", pair.draft)
     programs = [speculative_program(pair.target, drafter, pair.tokenizer, ids, GenerationConfig(
         max_new_tokens=2, gamma=3, sampling=SamplingConfig("sample", temperature=0.8, top_p=0.95, seed=s),
         trace_top_n=1, stop_at_eos=False)) for s in range(cfg.n_samples)]
@@ -237,7 +236,7 @@ def _shared(target, draft, kind, prompt, cfg):
 def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(target, draft):
     import threading
 
-    from specviz.app.runner import Runner
+    from specviz.serve.worker import Runner
 
     runner = Runner(str)
     first = runner.submit("a", _shared(target, draft, "none", [1, 2, 3], greedy(60)), shared=True)
@@ -269,7 +268,7 @@ def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(
 
 
 def test_a_stopped_shared_run_leaves_the_batch_and_the_others_finish(target, draft):
-    from specviz.app.runner import Runner
+    from specviz.serve.worker import Runner
 
     runner = Runner(str)
     long = runner.submit("long", _shared(target, draft, "none", [1, 2], greedy(200)), shared=True)
@@ -293,7 +292,7 @@ def test_300_runs_in_a_row_leave_the_servers_memory_where_it_was(target, draft):
     """Soak: 300 speculative runs with their baselines, several at a time, through one runner; RSS grows <= 50 MB."""
     import gc
 
-    from specviz.app.runner import Runner
+    from specviz.serve.worker import Runner
 
     runner = Runner(str, max_jobs=160)
 
@@ -341,7 +340,7 @@ def test_the_batch_command_prints_every_size_with_both_rates_and_identity(capsys
 
 def test_long_context_prompts_are_different_windows_of_one_document():
     from specviz.models import load_pair
-    from specviz.serve.measure import batch_prompts, document_prompts
+    from specviz.bench.batch import batch_prompts, document_prompts
 
     tok = load_pair("tiny-random").tokenizer
     windows = document_prompts(tok, 4, 300)

@@ -7,7 +7,9 @@ import math
 
 import pytest
 import torch
+from transformers import DynamicCache
 
+from specviz.bench import timing
 from specviz.core import metrics
 from specviz import models
 from specviz import cli
@@ -21,7 +23,7 @@ def pair() -> models.LoadedPair:
 
 
 def _cost(times: tuple[tuple[float, ...], ...], ks: tuple[int, ...] = (1, 2, 4)) -> vc.PassCost:
-    return vc.PassCost("x", vc.Machine("cpu", "test", 2), 10, ks, times)
+    return vc.PassCost("x", timing.Machine("cpu", "test", 2), 10, ks, times)
 
 
 def _drain(gen):  # type: ignore[no-untyped-def]
@@ -43,11 +45,11 @@ def test_pass_cost_medians_ratios_and_linear_line():
     assert cost.ratios == pytest.approx((1.0, 14 / 11, 2.0))
     assert cost.linear_ms == (11.0, 22.0, 44.0)
     assert cost.spread == pytest.approx(90 / 20)  # the k = 4 repeats: one was disturbed
-    assert vc.spread([(5.0, 5.0)]) == 1.0 and vc.spread([]) == 1.0
+    assert timing.spread([(5.0, 5.0)]) == 1.0 and timing.spread([]) == 1.0
 
 
 def test_step_is_the_one_token_pass_wherever_it_sits():
-    cost = vc.PassCost("x", vc.Machine("cpu", "t", 1), 5, (1, 8), ((4.0,), (10.0,)))
+    cost = vc.PassCost("x", timing.Machine("cpu", "t", 1), 5, (1, 8), ((4.0,), (10.0,)))
     assert cost.ratios == (1.0, 2.5)
 
 
@@ -63,14 +65,14 @@ def test_speedup_at_cost_generalises_leviathan():
 def test_batch_effect_speedup_uses_measured_ratio_and_scaled_c():
     p1 = vc.BatchPoint(1, (100.0,), (200.0,), (20.0,))
     p8 = vc.BatchPoint(8, (300.0,), (1200.0,), (30.0,))
-    effect = vc.BatchEffect("x", vc.Machine("cpu", "t", 2), 4, 10, 0.8, 0.25, 1.4, 3.0, (p1, p8), None)
+    effect = vc.BatchEffect("x", timing.Machine("cpu", "t", 2), 4, 10, 0.8, 0.25, 1.4, 3.0, (p1, p8), None)
     assert p1.verify_ratio == 2.0 and p8.verify_ratio == 4.0
     assert effect.c_at(p1) == pytest.approx(0.25)  # anchored to the real run at batch 1
     assert effect.c_at(p8) == pytest.approx(0.25 * (30 / 300) / (20 / 100))
     expected = metrics.expected_tokens_per_round(0.8, 4) / (4.0 + 4 * effect.c_at(p8))
     assert effect.speedup_at(p8) == pytest.approx(expected)
     assert effect.speedups[0] > effect.speedups[1]
-    no_alpha = vc.BatchEffect("x", vc.Machine("cpu", "t", 2), 4, 10, None, 0.25, None, None, (p1,), None)
+    no_alpha = vc.BatchEffect("x", timing.Machine("cpu", "t", 2), 4, 10, None, 0.25, None, None, (p1,), None)
     assert no_alpha.speedups == (None,)
 
 
@@ -91,22 +93,22 @@ def test_configs_refuse_bad_values():
 
 def test_batch_bytes_grows_with_batch_and_tokens(pair):
     cfg = pair.target.config
-    one = vc.batch_bytes(cfg, 1, 5, 100)
-    assert 0 < one < vc.batch_bytes(cfg, 2, 5, 100) < vc.batch_bytes(cfg, 4, 5, 100)
-    assert vc.batch_bytes(cfg, 1, 5, 100) < vc.batch_bytes(cfg, 1, 9, 100)
+    one = timing.batch_bytes(cfg, 1, 5, 100)
+    assert 0 < one < timing.batch_bytes(cfg, 2, 5, 100) < timing.batch_bytes(cfg, 4, 5, 100)
+    assert timing.batch_bytes(cfg, 1, 5, 100) < timing.batch_bytes(cfg, 1, 9, 100)
     # the KV cache alone: 2 (k, v) x layers x kv_heads x head_dim x positions x 4 bytes
-    d = vc._dims(cfg)
+    d = timing.dims(cfg)
     assert one > 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * 105 * 4
 
 
 def test_memory_problem_names_the_batch_and_the_sizes():
-    assert vc.memory_problem(10, vc.MEMORY_RESERVE + 10, 4) is None
-    msg = vc.memory_problem(2**30, vc.MEMORY_RESERVE, 8)
+    assert timing.memory_problem(10, timing.MEMORY_RESERVE + 10, 4) is None
+    msg = timing.memory_problem(2**30, timing.MEMORY_RESERVE, 8)
     assert msg is not None and "batch 8" in msg and "MB" in msg
 
 
 def test_available_bytes_on_cpu_is_positive():
-    assert vc.available_bytes(torch.device("cpu")) > 0
+    assert timing.available_bytes(torch.device("cpu")) > 0
 
 
 # ------------------------------------------------------------------------------------------ real passes (tiny model)
@@ -114,9 +116,9 @@ def test_available_bytes_on_cpu_is_positive():
 
 def test_timed_pass_crops_the_cache_back(pair):
     ids = vc.encode(pair.tokenizer, "hello world, hello")
-    cache = vc.prefilled_cache(pair.target, ids)
+    cache = timing.prefilled_cache(pair.target, ids)
     assert cache.get_seq_length() == len(ids)
-    ms = vc.timed_pass_ms(pair.target, cache, vc.new_token_ids(ids, 8, 1, torch.device("cpu")))
+    ms = timing.timed_pass_ms(pair.target, cache, vc.new_token_ids(ids, 8, 1, torch.device("cpu")))
     assert ms > 0 and cache.get_seq_length() == len(ids)
 
 
@@ -124,8 +126,8 @@ def test_copied_batch_cache_matches_a_batched_prefill(pair):
     """The batch's caches are one prefill copied per sequence: same logits as prefilling the whole batch."""
     ids = vc.encode(pair.tokenizer, "def f(x):\n    return x")
     new = vc.new_token_ids(ids, 3, 4, torch.device("cpu"))  # (4, 3)
-    copied = vc.prefilled_cache(pair.target, ids, batch=4)
-    direct = vc.DynamicCache(config=pair.target.config)
+    copied = timing.prefilled_cache(pair.target, ids, batch=4)
+    direct = DynamicCache(config=pair.target.config)
     with torch.inference_mode():
         pair.target(input_ids=torch.tensor([ids] * 4), cache=direct, use_cache=True)
         a = pair.target(input_ids=new, cache=copied, use_cache=True, logits_to_keep=3).logits
@@ -166,9 +168,9 @@ def test_batch_effect_stops_before_a_batch_that_would_not_fit(pair):
     ctx = len(vc.encode(pair.tokenizer, config.prompt))
 
     def need(b: int) -> int:
-        return vc.batch_bytes(pair.target.config, b, 3, ctx) + vc.batch_bytes(pair.draft.config, b, 1, ctx)
+        return timing.batch_bytes(pair.target.config, b, 3, ctx) + timing.batch_bytes(pair.draft.config, b, 1, ctx)
 
-    free = vc.MEMORY_RESERVE + need(2)  # batch 2 just fits, batch 4 does not
+    free = timing.MEMORY_RESERVE + need(2)  # batch 2 just fits, batch 4 does not
     _, effect = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, "tiny-random",
                                                config, available=lambda device: free))
     assert [p.batch for p in effect.points] == [1, 2]
@@ -184,7 +186,7 @@ def test_batch_effect_stops_before_a_batch_that_would_not_fit(pair):
 def test_json_round_trip_and_reference_file(tmp_path):
     cost = _cost(((10.5, 11.25), (13.0, 12.0), (20.0, 21.0)))
     p1 = vc.BatchPoint(1, (100.0, 101.0), (200.0, 190.0), (20.0, 21.0))
-    effect = vc.BatchEffect("x", vc.Machine("cuda", "Some GPU", 8), 4, 10, 0.75, 0.1, 1.9, 3.1, (p1,), None)
+    effect = vc.BatchEffect("x", timing.Machine("cuda", "Some GPU", 8), 4, 10, 0.75, 0.1, 1.9, 3.1, (p1,), None)
     text = json.dumps({"note": "test", "pass_cost": vc.pass_cost_to_dict(cost),
                        "batch_effect": vc.batch_effect_to_dict(effect)})
     path = tmp_path / "gpu.json"

@@ -1,1 +1,1 @@
-"""The side-by-side benchmark (ours vs transformers vs plain decoding) and the classroom load test."""
+"""Every measurement below the labs: the side-by-side benchmark, the classroom load test, batched runs measured, and the timing and memory helpers they share."""

@@ -14,12 +14,14 @@ from typing import Any, Literal
 
 import torch
 
+from specviz import models
+from specviz.settings import encode_prompt
 from specviz.core.progress import drain
 from specviz.core import metrics
-from specviz.core.drafters import make_drafter
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
-from specviz.core.tree import TreeConfig
+from specviz.core.drafters.tree import TreeConfig
 from specviz.core.sampling import SamplingConfig
 from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
@@ -61,7 +63,7 @@ class Method:
     name: str
     family: Literal["ours", "hf"]
     description: str
-    drafter: str | None = None  # ours: make_drafter kind ("model", "ngram", "tree"); None = target only
+    drafter: str | None = None  # ours: a name in the drafter registry (core.drafters); None = target only
     gamma: int = 4  # ours: draft length (the ceiling when adaptive)
     adaptive: bool = False  # ours: AdaptiveGamma + the drafter's confidence stop
     assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
@@ -249,7 +251,7 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     if method.drafter is None:
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
-        drafter = make_drafter(method.drafter, pair.draft if method.drafter != "ngram" else None, adaptive=method.adaptive)
+        drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)
@@ -475,7 +477,7 @@ def _eta(seconds: float) -> str:
 
 def encode(pair: Any, prompt: str, max_new_tokens: int) -> list[int]:
     """Raw-text prompt ids; refused when prompt plus new tokens would not fit the pair's context."""
-    ids = list(pair.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    ids = encode_prompt(pair.tokenizer, prompt)
     ctx = getattr(pair, "context_length", None)
     if not ids:
         raise BenchError(f"the prompt {prompt[:30]!r} encodes to no tokens")
@@ -524,8 +526,6 @@ WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow]], dict[str, P
 def run_bench(config: BenchConfig, write: WriteReports,
               progress: LoadProgress | None = None) -> list[tuple[str, list[BenchRow], dict[str, Path]]]:
     """Load each pair in turn, benchmark it, `write` its reports (bench.report); returns (pair, rows, paths) per pair."""
-    from specviz import models
-
     results = []
     for name in config.pairs:
         _say(f"loading {name}")

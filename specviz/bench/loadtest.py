@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specviz.settings import encode_prompt
 from specviz.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -420,7 +421,7 @@ def greedy_references(pair_name: str, max_new_tokens: int, prompts: set[str]) ->
     config = GenerationConfig(max_new_tokens=max_new_tokens, gamma=1)
     found = {}
     for prompt in sorted(prompts):
-        ids = list(pair.tokenizer(prompt)["input_ids"])
+        ids = encode_prompt(pair.tokenizer, prompt)
         found[prompt] = tuple(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids)).tokens)
     del pair
     gc.collect()

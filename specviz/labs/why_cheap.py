@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import statistics
-import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from specviz.settings import Settings
-from specviz.core.drafters import ModelDrafter
+from specviz.bench.timing import (
+    Machine, available_bytes, batch_bytes, machine_of, memory_problem, model_device, prefilled_cache, spread, timed_pass_ms,
+)
+from specviz.settings import Settings, encode_prompt
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.limits import REPEATS_RANGE, check_gamma, check_repeats  # noqa: F401 (the page's range)
+from specviz.core.limits import check_gamma, check_repeats
 from specviz.core.trace import GenerationConfig
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.metrics import compare, expected_speedup_at_cost
@@ -42,8 +41,6 @@ CONTEXT = (
 )
 PASS_KS: tuple[int, ...] = (1, 2, 4, 8, 16)
 BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8)
-NOISY_SPREAD = 1.5  # slowest ÷ fastest repeat above this: something else used the machine during the run
-MEMORY_RESERVE = 1 << 30  # bytes a batch must leave free: the app, the browser and other sessions share RAM
 # Where GPU figures measured with this same code go (`python -m specviz why-cheap --device cuda --json`).
 GPU_FIGURES = Path(__file__).resolve().parents[2] / "assets" / "verify_cost_gpu.json"
 
@@ -54,11 +51,6 @@ Available = Callable[[torch.device], int]
 # ------------------------------------------------------------------------------------------
 # Configs and results (frozen: they double as the runner's cache keys)
 # ------------------------------------------------------------------------------------------
-
-
-def spread(times: Sequence[Sequence[float]]) -> float:
-    """The worst slowest ÷ fastest ratio among repeated timings (1.0 = perfectly steady)."""
-    return max((max(t) / min(t) for t in times if t and min(t) > 0), default=1.0)
 
 
 @dataclass(frozen=True)
@@ -101,15 +93,6 @@ class BatchConfig:
 def batch_config(s: Settings, repeats: int) -> BatchConfig:
     """The batch-effect measurement a page asks for: the sidebar's γ and decoding set α, so they are part of it."""
     return BatchConfig(gamma=s.gamma, sampling=s.sampling, repeats=repeats)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Where a measurement ran: the same code gives CPU figures here and GPU figures elsewhere."""
-
-    device: str  # "cpu" or "cuda"
-    name: str  # CPU model or GPU name
-    threads: int  # torch intra-op threads (CPU) — the compute a pass can use here
 
 
 @dataclass(frozen=True)
@@ -245,57 +228,6 @@ class BatchEffect:
         return spread([t for p in self.points for t in (p.step_ms, p.verify_ms, p.draft_ms)])
 
 
-# ------------------------------------------------------------------------------------------
-# Timing primitives
-# ------------------------------------------------------------------------------------------
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def machine_of(device: torch.device) -> Machine:
-    """The machine a measurement runs on, in a few words."""
-    if device.type == "cuda":
-        return Machine("cuda", torch.cuda.get_device_name(device), torch.get_num_threads())
-    name = platform.processor() or platform.machine() or "CPU"
-    return Machine("cpu", f"{name}, {os.cpu_count()} logical cores", torch.get_num_threads())
-
-
-def _sync(device: torch.device) -> None:
-    """GPU kernels run asynchronously: wait for them so the clock measures the pass, not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@torch.inference_mode()
-def prefilled_cache(model: torch.nn.Module, ids: Ids, batch: int = 1) -> DynamicCache:
-    """A KV cache holding `ids` for `batch` identical sequences (prefilled once, then copied per sequence)."""
-    cache = DynamicCache(config=model.config)
-    feed = torch.tensor([list(ids)], dtype=torch.long, device=model_device(model))  # (1, n)
-    model(input_ids=feed, cache=cache, use_cache=True, logits_to_keep=1)
-    if batch > 1:
-        cache.batch_repeat_interleave(batch)  # (1, ...) -> (batch, ...): the same context per sequence
-    return cache
-
-
-@torch.inference_mode()
-def timed_pass_ms(model: torch.nn.Module, cache: DynamicCache, new_ids: torch.Tensor) -> float:
-    """Milliseconds of one forward pass over `new_ids` (batch, k) on top of `cache`; the cache is cropped back.
-
-    Logits are kept for all k positions, as a verify pass needs them (the LM head is part of the cost).
-    """
-    k = new_ids.shape[1]
-    device = new_ids.device
-    _sync(device)
-    t0 = time.perf_counter()
-    model(input_ids=new_ids, cache=cache, use_cache=True, logits_to_keep=k)
-    _sync(device)
-    ms = (time.perf_counter() - t0) * 1000.0
-    cache.crop(-k)  # DynamicCache.crop takes a negative count: forget the k new positions
-    return ms
-
-
 def new_token_ids(ids: Ids, k: int, batch: int, device: torch.device) -> torch.Tensor:
     """k ids to feed per sequence (the context's own, cycled): their values do not change the cost."""
     row = [ids[i % len(ids)] for i in range(k)]
@@ -303,59 +235,11 @@ def new_token_ids(ids: Ids, k: int, batch: int, device: torch.device) -> torch.T
 
 
 def encode(tokenizer: Any, prompt: str) -> list[int]:
-    ids = list(tokenizer(prompt)["input_ids"])
+    """The measurement context's ids (settings.encode_prompt), at least two of them."""
+    ids = encode_prompt(tokenizer, prompt)
     if len(ids) < 2:
         raise ValueError("the measurement context encodes to fewer than 2 tokens")
     return ids
-
-
-# ------------------------------------------------------------------------------------------
-# Memory: check before allocating a batch
-# ------------------------------------------------------------------------------------------
-
-
-def _dims(model_config: Any) -> dict[str, int]:
-    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    heads = int(cfg.num_attention_heads)
-    hidden = int(cfg.hidden_size)
-    return {
-        "layers": int(cfg.num_hidden_layers), "heads": heads, "hidden": hidden,
-        "kv_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(cfg, "head_dim", None) or hidden // heads),
-        "inter": int(getattr(cfg, "intermediate_size", None) or 4 * hidden),
-        "vocab": int(cfg.vocab_size),
-    }
-
-
-def batch_bytes(model_config: Any, batch: int, new_tokens: int, context: int, dtype_bytes: int = 4) -> int:
-    """A generous estimate of the memory one pass at this batch size allocates (the weights are shared).
-
-    KV cache for the batch, plus hidden states, MLP activations, attention scores and logits of the
-    new tokens, doubled for temporaries alive at the same time.
-    """
-    d = _dims(model_config)
-    seq = context + new_tokens
-    kv = 2 * d["layers"] * batch * d["kv_heads"] * d["head_dim"] * seq * dtype_bytes
-    act = batch * new_tokens * (4 * d["hidden"] + 3 * d["inter"] + d["vocab"]) * 4
-    attn = batch * d["heads"] * new_tokens * seq * 4
-    return kv + 2 * (act + attn)
-
-
-def available_bytes(device: torch.device) -> int:
-    """Free memory where the batch would live: RAM (psutil) on CPU, free GPU memory on CUDA."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    import psutil
-
-    return int(psutil.virtual_memory().available)
-
-
-def memory_problem(need: int, free: int, batch: int) -> str | None:
-    """Why a batch must not be allocated (None when it fits with the reserve left free)."""
-    if need + MEMORY_RESERVE <= free:
-        return None
-    return (f"batch {batch} would need about {need / 2**20:,.0f} MB plus a {MEMORY_RESERVE / 2**20:,.0f} MB reserve, "
-            f"but only {free / 2**20:,.0f} MB is free: stopped there")
 
 
 # ------------------------------------------------------------------------------------------

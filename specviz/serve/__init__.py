@@ -1,1 +1,1 @@
-"""Serving many runs at once: the batched executor (passes of many runs in one forward, exact per run) and its load-time check."""
+"""Serving many runs at once: the batched executor (passes of many runs in one forward, exact per run), its load-time check, and the server's worker."""

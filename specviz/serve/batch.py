@@ -23,11 +23,15 @@ import torch
 
 from specviz.core.clock import run_clock
 from specviz.core.engine import Program
-from specviz.core.forward import Feed, forward
+from specviz.core.forward import Feed, Pass, forward
 from specviz.core.trace import Generation, RoundTrace
 from specviz.serve.exact import MAX_ROWS, Exactness, batch_exactness
 
-MAX_RUNS = 16  # runs advancing together at most; more wait their turn (first come, first served)
+# Runs advancing together at most; more wait their turn (first come, first served). The one limit of the executor,
+# the server's included: a class of 30 pressing Play at once brings 60 runs (each with its target-only baseline),
+# and 40 of them advance together. How many rows one target forward packs is serve.exact's MAX_ROWS, a separate
+# bound: a tick packs runs up to it and serves the rest in further forwards.
+MAX_RUNS = 40
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class _Run:
     target: torch.nn.Module
     on_round: Callable[[RoundTrace], None]
     pending: Feed | None = None  # the pass it waits for
-    answer: torch.Tensor | None = None  # the logits to send it next
+    answer: Pass | BaseException | None = None  # the pass's answer to send it next (or the error its pass raised)
     busy_s: float = 0.0  # its clock: its own code and the passes that included its rows (core.clock)
     passes: int = 0
     runs_total: int = 0

@@ -65,7 +65,8 @@ def _layer_rows_agree(layer: torch.nn.Module, counts: tuple[int, ...], gen: torc
 
 
 def _passes_agree(model: torch.nn.Module, gen: torch.Generator) -> bool:
-    """Four runs' passes (a step, verify passes of a chain and a tree's size, a prompt with no cache yet) packed in one forward equal each run alone.
+    """Four runs' passes (a step, verify passes of a chain and a tree's size, a prompt with no cache yet) packed in one forward equal each run alone:
+    their logits, and the hidden states two of them ask for.
 
     Besides the linears this catches row-wise layers whose result depends on where a row sits in the
     pass (an activation whose rows do not start on a vector boundary computes some of them another way).
@@ -74,15 +75,19 @@ def _passes_agree(model: torch.nn.Module, gen: torch.Generator) -> bool:
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (9, 23, 40, 11)]
     wanted = (1, 5, 17, 11)
 
+    layers = (0, model.config.num_hidden_layers // 2, -1)  # what a drafter may read: embeddings, a middle layer, the last
+
     def feeds() -> list:
         lms = [CachedLM(model) for _ in prompts]
         for lm, p, k in zip(lms[:3], prompts, wanted):
             lm.prefill(p[: len(p) - k - 2])  # the first three have a cache, the last starts empty
-        return [lm.feed(p, k) for lm, p, k in zip(lms, prompts, wanted)]
+        # runs that ask for hidden states share passes with runs that do not (the second and the last ask)
+        return [lm.feed(p, k, layers if i % 2 else ()) for i, (lm, p, k) in enumerate(zip(lms, prompts, wanted))]
 
     alone = [forward(model, [f])[0] for f in feeds()]
     packed = forward(model, feeds())
-    return all(torch.equal(a, b) for a, b in zip(alone, packed))
+    return all(torch.equal(a.logits, b.logits) and len(a.hidden) == len(b.hidden)
+               and all(torch.equal(x, y) for x, y in zip(a.hidden, b.hidden)) for a, b in zip(alone, packed))
 
 
 @torch.inference_mode()
@@ -98,4 +103,4 @@ def _check(model: torch.nn.Module, max_rows: int) -> Exactness:
         return Exactness(False, max_rows, "a pass shared by several runs gave one of them other bits than its own pass, "
                                           "so runs are served one per forward")
     return Exactness(True, max_rows, f"every linear shape checked at passes of 1-{max_rows} rows and a whole pass of four "
-                                     "runs against each alone: the same bits")
+                                     "runs against each alone (logits and hidden states): the same bits")

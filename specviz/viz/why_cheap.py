@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from specviz.labs.how_far import best_case_speedup
 from specviz.labs.why_cheap import PassCost, Reference, StepCost
-from specviz.serve.measure import BatchReport
+from specviz.bench.batch import BatchReport
 from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
 GPU_COLOUR = "#D55E00"  # Okabe–Ito vermilion: figures measured on a GPU elsewhere

@@ -11,7 +11,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from specviz.core.progress import JobSteps, Progress
 from specviz.host import CpuSample, cpu_sample
-from specviz.serve.batch import Batch, Outcome, SharedRun, Sharing
+from specviz.serve.batch import MAX_RUNS, Batch, Outcome, SharedRun, Sharing
 
 LoadStatus = Literal["loading", "ready", "failed"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -253,7 +253,7 @@ class Runner:
 
     # A class of 30 pressing Play at once queues 60 jobs (each run brings its target-only baseline).
     def __init__(self, user_error: Callable[[BaseException], str], max_jobs: int = 160, max_queued: int = 72,
-                 max_batch: int = 40) -> None:
+                 max_batch: int = MAX_RUNS) -> None:
         self._user_error = user_error
         self._max_jobs = max_jobs
         self._max_queued = max_queued

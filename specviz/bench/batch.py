@@ -19,17 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from specviz.bench.loadtest import CLASS_PRESETS, session_prompt
-from specviz.core.drafters import make_drafter
+from specviz.bench.timing import available_bytes, batch_bytes, dims, machine_of, memory_problem, model_device
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_program
 from specviz.core.rounds import solo_run
 from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.progress import Progress, drain
 from specviz.core.trace import Generation, GenerationConfig
+from specviz.models.registry import model_bytes
 from specviz.presets import PRESETS
-from specviz.serve.batch import MAX_RUNS, run_together
+from specviz.serve.batch import run_together
 from specviz.serve.exact import MAX_ROWS, batch_exactness
 
 SIZES = (1, 4, 8)
+LARGEST_SIZE = 16  # the largest batch measured: the busy-server lab's B = 1…16 (a size is B runs admitted at once)
 CONTEXT_MAX = 4096
 DOCUMENT = Path(__file__).resolve().parents[1] / "core"  # the long document: this package's own engine source
 
@@ -46,8 +49,8 @@ class BatchConfig:
     time_limit_s: float = 0.0  # stop before a size that would end past this many seconds (0: no limit)
 
     def __post_init__(self) -> None:
-        if not self.sizes or any(not 1 <= b <= MAX_RUNS for b in self.sizes):
-            raise ValueError(f"batch sizes must be 1..{MAX_RUNS}, got {self.sizes}")
+        if not self.sizes or any(not 1 <= b <= LARGEST_SIZE for b in self.sizes):
+            raise ValueError(f"batch sizes must be 1..{LARGEST_SIZE}, got {self.sizes}")
         if not 1 <= self.max_new_tokens <= 256:
             raise ValueError(f"max_new_tokens must be 1..256, got {self.max_new_tokens}")
         if not (self.context == 0 or 16 <= self.context <= CONTEXT_MAX):
@@ -155,8 +158,6 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
     Sizes are measured smallest first; one that would not fit in free memory, or would end past the
     time limit (estimated from the size before it), is not started, and the report says why.
     """
-    from specviz.labs.why_cheap import available_bytes, batch_bytes, machine_of, memory_problem, model_device
-    from specviz.models.registry import _model_bytes
 
     free = available or available_bytes
     device = model_device(pair.target)
@@ -168,7 +169,7 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
         ids = document_prompts(pair.tokenizer, n, config.context)
     else:
         ids = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in batch_prompts(n)]
-    drafter = make_drafter("model", pair.draft)
+    drafter = drafters.build("model", pair.draft)
     total = sum(2 * config.repeats * b for b in config.sizes) + 2 * n  # runs: batched ones, and each run alone once
     done = 0
     start = clock()
@@ -236,13 +237,12 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
         yield progress(f"batch {b} measured: speed-up {rows[-1].speedup:.2f}×")
     return BatchReport(pair_name, config.max_new_tokens, config.gamma, config.context, exactness.exact, exactness.reason,
                        tuple(rows), _machine_line(machine_of(device)), stopped, _kv_bytes_per_token(pair.target),
-                       _model_bytes(pair.target))
+                       model_bytes(pair.target))
 
 
 def _kv_bytes_per_token(target: Any) -> int:
-    from specviz.labs.why_cheap import _dims
 
-    d = _dims(target.config)
+    d = dims(target.config)
     return 2 * d["layers"] * d["kv_heads"] * d["head_dim"] * next(target.parameters()).element_size()
 
 
