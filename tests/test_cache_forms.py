@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.models import gguf, half, stream
+from specviz.models import cache, cached, catalogue, half, locate, stream
 from specviz.models.base import PairError
-from specviz.models.gguf import GgufSource, cache_folder, cache_form
+from specviz.models.cache import cache_folder
+from specviz.models.catalogue import GgufSource, cache_form
 from specviz.models.tiny import tiny_tokenizer
 
-REAL_CACHE = gguf.cache_dir()  # the session's own cache (read before any test points SPECVIZ_CACHE elsewhere)
+REAL_CACHE = locate.cache_dir()  # the session's own cache (read before any test points SPECVIZ_CACHE elsewhere)
 IDS = torch.tensor([[3, 17, 200, 45, 99, 120, 7, 64, 250, 31]])
 
 
@@ -62,7 +63,7 @@ def _folder_bytes(folder: Path) -> int:
 
 def _header(folder: Path) -> dict:
     """The headers of a cache folder's weight files, merged."""
-    return {k: v for f in stream.shard_files(folder) for k, v in gguf._header(f).items()}
+    return {k: v for f in stream.shard_files(folder) for k, v in cached._header(f).items()}
 
 
 def test_the_precision_picks_its_cache_form() -> None:
@@ -76,20 +77,20 @@ def test_a_compact_cache_loads_the_layers_its_precision_makes_bit_for_bit(tmp_ca
     src, model = _source(), _tiny_qwen()
     reference = _in_form(copy.deepcopy(model), form)
     messages: list[str] = []
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, form, cache_folder(src, form), lambda f, m: messages.append(m))
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, form, cache_folder(src, form), lambda f, m: messages.append(m))
 
     folder = cache_folder(src, form)
-    loaded = gguf._load_cached_model(folder, "Tiny", half=form == "fp16w")
+    loaded = cached._load_cached_model(folder, "Tiny", half=form == "fp16w")
     assert torch.equal(_logits(loaded), _logits(reference))
     kinds = {type(m).__name__ for m in loaded.modules()}
     assert ("HalfLinear" in kinds) == (form == "fp16w")
-    assert any(gguf._is_int8(m) for m in loaded.modules()) == (form == "int8")
-    manifest = json.loads((folder / gguf._MANIFEST).read_text())
+    assert any(cached._is_int8(m) for m in loaded.modules()) == (form == "int8")
+    manifest = json.loads((folder / cache._MANIFEST).read_text())
     assert manifest["form"] == form and manifest["checked_layers"] == (14 if form == "fp16w" else 13)  # 7 or 6 linears a layer; int8's tied head
-    assert gguf._cache_is_valid(folder, src, form) and not gguf._cache_is_valid(folder, src, "fp32")
+    assert cache._cache_is_valid(folder, src, form) and not cache._cache_is_valid(folder, src, "fp32")
     assert f"cached in {form}" in messages[-1]
 
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
     assert _folder_bytes(folder) < 0.75 * _folder_bytes(cache_folder(src))  # smaller than the fp32 cache
     # the stored tensors: fp16 weights or int8 layers, the embedding (and the norms) exactly as they were
     header = _header(folder)
@@ -100,10 +101,10 @@ def test_a_compact_cache_loads_the_layers_its_precision_makes_bit_for_bit(tmp_ca
 
 def test_an_int8_cache_keeps_the_fp32_down_projections_which_fp16w_then_takes_as_a_default_draft_does(tmp_cache: Path) -> None:
     src, model = _source(), _tiny_qwen()
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "int8", cache_folder(src, "int8"), lambda f, m: None)
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "int8", cache_folder(src, "int8"), lambda f, m: None)
     header = _header(cache_folder(src, "int8"))
     assert header["model.layers.0.mlp.down_proj.weight"]["dtype"] == "F32"
-    loaded = gguf._load_cached_model(cache_folder(src, "int8"), "Tiny")
+    loaded = cached._load_cached_model(cache_folder(src, "int8"), "Tiny")
     reference = _in_form(copy.deepcopy(model), "int8")
     assert half.half_linears(loaded) == half.half_linears(reference) == 2  # the light set-up: down projections in fp16
     assert torch.equal(_logits(loaded), _logits(reference))
@@ -111,7 +112,7 @@ def test_an_int8_cache_keeps_the_fp32_down_projections_which_fp16w_then_takes_as
 
 def _as_legacy(folder: Path) -> None:
     """Make a folder look like an fp32 cache of specviz before the forms (format 1, no form recorded)."""
-    path = folder / gguf._MANIFEST
+    path = folder / cache._MANIFEST
     manifest = json.loads(path.read_text())
     manifest["format"] = 1
     del manifest["form"]
@@ -120,51 +121,51 @@ def _as_legacy(folder: Path) -> None:
 
 def test_an_old_fp32_cache_is_converted_once_then_removed_with_a_note(tmp_cache: Path) -> None:
     src, model = _source(), _tiny_qwen()
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
     _as_legacy(cache_folder(src))
-    assert gguf._cache_is_valid(cache_folder(src), src, "fp32")  # still serves an fp32 load as it is
+    assert cache._cache_is_valid(cache_folder(src), src, "fp32")  # still serves an fp32 load as it is
 
     messages: list[str] = []
-    folder = gguf.ensure_cached(src, lambda f, m: messages.append(m), form="fp16w")  # no GGUF: it must come from the old folder
+    folder = cache.ensure_cached(src, lambda f, m: messages.append(m), form="fp16w")  # no GGUF: it must come from the old folder
     assert folder == cache_folder(src, "fp16w") and not cache_folder(src).exists()
     assert "removed the old fp32 cache" in messages[-1] and str(cache_folder(src)) in messages[-1]
-    assert torch.equal(_logits(gguf._load_cached_model(folder, "Tiny", half=True)), _logits(_in_form(model, "fp16w")))
+    assert torch.equal(_logits(cached._load_cached_model(folder, "Tiny", half=True)), _logits(_in_form(model, "fp16w")))
     assert sorted(p.name for p in tmp_cache.iterdir() if not p.name.startswith(".")) == ["tiny-qwen-fp16w"]
 
 
 def test_an_fp32_cache_asked_for_is_kept_beside_a_compact_one(tmp_cache: Path) -> None:
     """Only an old folder is migrated away: one written because fp32 was asked for stays (rebuilding it costs minutes)."""
     src, model = _source(), _tiny_qwen()
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
-    assert not gguf._cache_is_valid(cache_folder(src), src, "fp32", legacy_only=True)
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp32", cache_folder(src), lambda f, m: None)
+    assert not cache._cache_is_valid(cache_folder(src), src, "fp32", legacy_only=True)
     with pytest.raises(PairError):  # the fake source has no GGUF to build int8 from; the fp32 folder is not touched
-        gguf.ensure_cached(src, form="int8")
-    assert gguf._cache_is_valid(cache_folder(src), src, "fp32")
+        cache.ensure_cached(src, form="int8")
+    assert cache._cache_is_valid(cache_folder(src), src, "fp32")
 
 
 def test_a_cache_with_a_tensor_of_the_wrong_kind_is_refused(tmp_cache: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     src, model = _source(), _tiny_qwen()
-    gguf.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp16w", cache_folder(src, "fp16w"), lambda f, m: None)
+    cache.write_model_cache(copy.deepcopy(model), tiny_tokenizer(), src, "fp16w", cache_folder(src, "fp16w"), lambda f, m: None)
     [path] = stream.shard_files(cache_folder(src, "fp16w"))
     tensors = load_file(str(path))
     tensors["model.norm.weight"] = tensors["model.norm.weight"].half()  # a norm in fp16 would change values
     save_file(tensors, str(path))
     with pytest.raises(PairError, match="unexpected F16 tensor model.norm.weight"):
-        gguf._load_cached_model(cache_folder(src, "fp16w"), "Tiny", half=True)
+        cached._load_cached_model(cache_folder(src, "fp16w"), "Tiny", half=True)
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("form", ["fp16w", "int8"])
 def test_smollm2_from_its_gguf_in_a_compact_form_equals_its_fp32_cache_converted(tmp_cache: Path, form: str) -> None:
     """Real weights, the whole path: GGUF -> dequantize -> form -> file -> load gives the fp32 cache's model in that form."""
-    src = gguf.SMOLLM2_135M
+    src = catalogue.SMOLLM2_135M
     _share_packages(tmp_cache)
-    folder = gguf.ensure_cached(src, form=form)
-    fp32_folder = gguf.ensure_cached(src)
-    loaded = gguf._load_cached_model(folder, src.title, half=form == "fp16w")
-    reference = _in_form(gguf._load_cached_model(fp32_folder, src.title), form)
+    folder = cache.ensure_cached(src, form=form)
+    fp32_folder = cache.ensure_cached(src)
+    loaded = cached._load_cached_model(folder, src.title, half=form == "fp16w")
+    reference = _in_form(cached._load_cached_model(fp32_folder, src.title), form)
     ids = torch.tensor([list(range(100, 140))])
     with torch.inference_mode():
         assert torch.equal(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
@@ -185,12 +186,12 @@ def test_smollm2_streamed_from_its_gguf_equals_transformers_own_gguf_load(tmp_ca
     rows come permuted in GGUF), and so do the logits."""
     from transformers import AutoModelForCausalLM
 
-    src = gguf.SMOLLM2_135M
+    src = catalogue.SMOLLM2_135M
     _share_packages(tmp_cache)
-    folder = gguf.ensure_cached(src)
-    with gguf._verified_gguf(src, lambda f, m: None) as path:
+    folder = cache.ensure_cached(src)
+    with locate._verified_gguf(src, lambda f, m: None) as path:
         reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    loaded = gguf._load_cached_model(folder, src.title)
+    loaded = cached._load_cached_model(folder, src.title)
     mine = dict(loaded.named_parameters())
     assert {n: torch.equal(p, mine[n]) for n, p in reference.named_parameters()} == {n: True for n, _ in reference.named_parameters()}
     ids = torch.tensor([list(range(100, 140))])

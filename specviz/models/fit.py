@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from specviz import host
 from specviz.models.base import PairError
+from specviz.models.hub import _parse_hf
 
 log = logging.getLogger("specviz.models")
 
@@ -137,8 +138,6 @@ def estimate(name: str, precision: str | None = None) -> Need | None:
         return Need(MEASURED_PEAK[name], "measured")
     if not name.startswith("hf:"):
         return None
-    from specviz.models.hub import _parse_hf
-
     needs = []
     for ref in _parse_hf(name):
         folder = Path(ref)

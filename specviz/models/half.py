@@ -20,6 +20,8 @@ from typing import Iterator
 
 import torch
 
+from specviz.models.packed import _rows_agree, layers_of, plain_linear, replace_each
+
 _PROBE_MAX_ROWS = 512  # every pass a step, a chain, a tree or a prompt of up to 512 tokens makes is padded to agree
 _PIECE = 32 << 20  # weights packed in row blocks of at most this many values: what fbgemm allocates while packing stays small
 
@@ -103,8 +105,6 @@ class HalfLinear(torch.nn.Module):
         return torch.cat([torch.ops.quantized.linear_unpack_fp16(p)[0] for p in self.pieces])
 
     def to_linear(self) -> torch.nn.Linear:
-        from specviz.models.packed import plain_linear
-
         return plain_linear(self.unpacked_weight(), None if self.bias is None else self.bias.data)
 
     def __deepcopy__(self, memo: dict) -> "HalfLinear":
@@ -146,16 +146,12 @@ def _fp16_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
 
 def half_linears(model: torch.nn.Module) -> int:
     """Replace every nn.Linear of a CPU fp32 model by a HalfLinear, one at a time (peak: one extra matrix); returns how many."""
-    from specviz.models.packed import layers_of, replace_each
-
     with torch.no_grad():
         return replace_each(layers_of(model, torch.nn.Linear), lambda child: HalfLinear(child.weight, child.bias))
 
 
 def empty_half_linears(model: torch.nn.Module) -> dict[str, HalfLinear]:
     """Swap every nn.Linear of a model (on the meta device) for an unfilled HalfLinear; {weight name: layer} to fill."""
-    from specviz.models.packed import layers_of
-
     names = {id(mod): name for name, mod in model.named_modules()}
     sinks: dict[str, HalfLinear] = {}
     for parent, attr, child in layers_of(model, torch.nn.Linear):
@@ -171,8 +167,6 @@ def rows_agree(model: torch.nn.Module, counts: tuple[int, ...] = (1, 2, 3, 5, 7,
     The probe behind padded_rows used a small matrix; this checks the model's own layers once at load,
     so that a CPU whose kernels pick by shape is caught, not trusted.
     """
-    from specviz.models.packed import _rows_agree
-
     gen = torch.Generator().manual_seed(0)
     layers = {(m.in_features, m.out_features): m for m in model.modules() if isinstance(m, HalfLinear)}
     with torch.no_grad():

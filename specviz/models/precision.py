@@ -28,14 +28,11 @@ from typing import Literal
 
 import torch
 
+from specviz.core.limits import DRAFT_PRECISIONS, TARGET_PRECISIONS, Precision
 from specviz.models import half
 from specviz.models.base import PairError, _first_line, pack_threads
 from specviz.models.packed import PackedLinear, layers_of, plain_linear
 
-Precision = Literal["fp32", "fp16w", "bf16", "int8"]
-# fp16w: fp16 weights in the linears, fp32 arithmetic everywhere (models.half; CPUs with fbgemm only)
-TARGET_PRECISIONS: tuple[str, ...] = ("fp32", "fp16w", "bf16", "int8")
-DRAFT_PRECISIONS: tuple[str, ...] = ("int8", "bf16", "fp32")
 BIT_EXACT: frozenset[str] = frozenset({"fp32", "fp16w"})  # target precisions whose greedy output keeps the promise here
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16w": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 # bytes per weight: int8 and fp16w change nn.Linear only; the embedding stays fp32 (see weight_bytes)

@@ -12,11 +12,14 @@ import torch
 from torch import nn
 
 from specviz import host
+from specviz.core.limits import TARGET_PRECISIONS
 from specviz.models import half, packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
+from specviz.models.cached import _return_freed_memory
+from specviz.models.catalogue import _PAIR_SOURCES, cache_form
 from specviz.models.fit import check_fit
-from specviz.models.gguf import _PAIR_SOURCES, _load_gguf_pair, _return_freed_memory, cache_form
+from specviz.models.gguf import _load_gguf_pair
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
 
@@ -61,7 +64,6 @@ class LoadedPair:
 
 PAIR_NAMES: tuple[str, ...] = ("qwen-coder", "smollm2-135m", "tiny-random")
 DEFAULT_PAIR = "qwen-coder"
-PRECISIONS: tuple[str, ...] = prec.DRAFT_PRECISIONS  # draft precisions (the target's: prec.TARGET_PRECISIONS)
 
 # (target params, target embedding params, draft params, draft embedding params) as cached: they size
 # each precision before loading. The GGUF files store the Qwen heads apart from the embeddings
@@ -114,7 +116,7 @@ def pair_ref(name: str, target_precision: str | None = None) -> str:
 def split_ref(ref: str) -> tuple[str, str | None]:
     """ "qwen-coder@bf16" -> ("qwen-coder", "bf16"); a plain name -> (name, None: chosen at load)."""
     name, sep, suffix = ref.rpartition("@") if isinstance(ref, str) else ("", "", "")
-    if sep and suffix in prec.TARGET_PRECISIONS:
+    if sep and suffix in TARGET_PRECISIONS:
         return name, suffix
     return ref, None
 
@@ -221,7 +223,7 @@ def load_pair(
         draft_precision=choice.draft,
         target_precision=choice.target,
         precision_reason="; ".join(filter(None, (choice.reason, kernels))),
-        weight_bytes=_model_bytes(target) + _model_bytes(draft),
+        weight_bytes=model_bytes(target) + model_bytes(draft),
     )
 
 
@@ -321,7 +323,7 @@ def _big_blocks_mapped() -> Iterator[None]:
         libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own ceiling for its adaptive threshold on 64-bit
 
 
-def _model_bytes(model: nn.Module) -> int:
+def model_bytes(model: nn.Module) -> int:
     """Bytes of a model's weights as held now (packed, fp16 and int8 weights counted from their layers' shapes)."""
     seen: set[int] = set()
     total = 0

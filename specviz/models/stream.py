@@ -16,7 +16,12 @@ from torch import nn
 
 from specviz.models import half
 from specviz.models.base import PairError
+from specviz.models.precision import int8_linears
 
+# How a cache folder stores a model: as the load uses it, so that the cache is the size of what is used.
+#   fp32:  every tensor in fp32 (fp32, bf16 and int8 targets, and drafts in fp32 or bf16, start from it)
+#   fp16w: the linears' weights in fp16 (what models.half packs: the same values), the rest fp32 (an fp16w target)
+#   int8:  the int8 layers' per-channel int8 weights with their scales and zero points, the rest fp32 (an int8 draft)
 Form = Literal["fp32", "fp16w", "int8"]
 Tensors = Iterator[tuple[str, torch.Tensor]]  # (Hugging Face name, fp32 tensor), one at a time
 INT8_PARTS = (".weight.int8", ".weight.scales", ".weight.zero_points")  # names of one int8 layer's weight in a cache file
@@ -158,8 +163,6 @@ class Layout:
 def layout(config: Any, form: Form) -> Layout:
     """The layout of the model `config` describes (built on the meta device: no memory)."""
     from transformers import AutoModelForCausalLM
-
-    from specviz.models.precision import int8_linears
 
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)

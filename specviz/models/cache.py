@@ -1,0 +1,205 @@
+"""The safetensors cache of each GGUF source: a folder per form, built from the GGUF (or migrated) and trusted by its manifest."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from specviz.models import stream
+from specviz.models.base import LoadProgress, _no_progress, _oom_as_pair_error, _span
+from specviz.models.cached import _load_cached_tokenizer, _return_freed_memory
+from specviz.models.catalogue import GgufSource
+from specviz.models.stream import Form
+from specviz.models.locate import _verified_gguf, cache_dir
+
+try:  # advisory file locks keep two processes (app + tests) from building one cache at once
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux/macOS: build without a lock
+    fcntl = None  # type: ignore[assignment]
+
+
+_CACHE_FORMAT = 2  # bump when the cache layout changes so old folders are rebuilt
+_LEGACY_FORMAT = 1  # fp32 folders of specviz before the compact forms: still read for fp32, replaced on a default load
+_MANIFEST = "specviz-manifest.json"
+
+
+def cache_folder(src: GgufSource, form: Form = "fp32") -> Path:
+    """The folder of one model's cache in one form (the fp32 one keeps its old name)."""
+    return cache_dir() / (src.key if form == "fp32" else f"{src.key}-{form}")
+
+
+def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: Form = "fp32") -> Path:
+    """The cache folder of `src` in `form`, built when missing or stale.
+
+    A compact form is built from an fp32 folder of older specviz where there is one (faster than the
+    GGUF), and that folder is then removed with a note: the default load never keeps both.
+    """
+    report = progress or _no_progress
+    final = cache_folder(src, form)
+    if _cache_is_valid(final, src, form):
+        report(1.0, f"{src.title}: found in the cache")
+        return final
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_dir() / f".{final.name}.lock"):
+        if _cache_is_valid(final, src, form):  # another process finished it while we waited
+            report(1.0, f"{src.title}: found in the cache")
+            return final
+        _remove_leftovers(final.name)
+        legacy = cache_folder(src, "fp32")
+        if form != "fp32" and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
+            _migrate(legacy, src, form, final, report)
+            return final
+        with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path, _oom_as_pair_error(src.title):
+            report(0.2, f"{src.title}: reading the tokenizer from GGUF")
+            tokenizer = _gguf_tokenizer(gguf_path)
+            config = stream.gguf_config(gguf_path)
+            count, tensors = stream.gguf_tensors(gguf_path, config)
+            _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.25, 1.0))
+        del tensors, tokenizer
+        gc.collect()  # the GGUF reader's and tokenizer's objects sit in reference cycles until collected
+        _return_freed_memory()  # the build's freed heap goes back before the models load
+    return final
+
+
+def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
+    """Build a compact form from an fp32 folder of older specviz, then remove that folder, saying so."""
+    gb = _folder_gb(legacy)
+    report(0.0, f"{src.title}: converting the fp32 cache of an older specviz ({gb:.1f} GB) to {form}")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(legacy, local_files_only=True, trust_remote_code=False)
+    files = stream.shard_files(legacy)
+    count = sum(len(stream.read_header(f)) - 1 for f in files)
+    tensors = (item for f in files for item in stream.file_tensors(f))  # one tensor at a time: no fp32 model in memory
+    _write_cache(tensors, count, config, _load_cached_tokenizer(legacy), src, form, final, _span(report, 0.05, 0.95))
+    shutil.rmtree(legacy, ignore_errors=True)
+    report(1.0, f"{src.title}: cached in {form}; removed the old fp32 cache ({gb:.1f} GB at {legacy}), "
+                f"which is converted again only if fp32 is asked for")
+
+
+def _folder_gb(folder: Path) -> float:
+    """Size of a cache folder's files in GB (10^9 bytes), for the progress notes."""
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 1e9
+
+
+def _cache_is_valid(folder: Path, src: GgufSource, form: Form = "fp32", legacy_only: bool = False) -> bool:
+    """Trust a cache only if its manifest (written last, then renamed in) matches source, form and files.
+
+    An fp32 folder written before the forms existed (format 1, no form recorded) still serves fp32;
+    `legacy_only` asks for exactly such a folder (the one a default load migrates).
+    """
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    legacy = manifest.get("format") == _LEGACY_FORMAT and form == "fp32"
+    current = manifest.get("format") == _CACHE_FORMAT and manifest.get("form") == form
+    if not (legacy if legacy_only else legacy or current) or manifest.get("source_sha256") != src.sha256:
+        return False
+    files = manifest.get("files") or {}
+    # shards come with their index (transformers reads the folder through it); one file of older specviz needs none
+    indexed = "model.safetensors" in files or "model.safetensors.index.json" in files
+    return bool(files) and indexed and all(_size(folder / f) == n for f, n in files.items())
+
+
+def _size(path: Path) -> int:
+    """File size, or -1 when missing."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock held while one process builds a cache folder."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(name: str) -> None:
+    """Delete temp folders of an interrupted build of the folder `name` (we hold its lock, so none is live)."""
+    for stale in cache_dir().glob(f".{name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _gguf_tokenizer(gguf_path: Path) -> Any:
+    """The tokenizer stored in a GGUF file."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, trust_remote_code=False)
+
+
+def _write_cache(tensors: stream.Tensors, count: int, config: Any, tokenizer: Any, src: GgufSource, form: Form,
+                 final: Path, report: LoadProgress) -> None:
+    """Stream fp32 tensors into a cache folder of `form` (a temp folder, checked, then renamed into place).
+
+    One tensor is brought to its form at a time, with the very calls a load in that precision makes, and
+    written in shards that are read back and checked (stream.write_shards): the peak memory is about one
+    shard and one tensor, never a whole fp32 model (the 1.5B target's is 7 GB).
+    """
+    from transformers import GenerationConfig
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder once renamed
+    try:
+        with _oom_as_pair_error(src.title), torch.no_grad():
+            lay = stream.layout(config, form)
+            say = lambda f, m: report(0.95 * f, f"{src.title}: {m}")  # noqa: E731
+            checked = stream.write_shards(tensors, lay, tmp, count, say)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _write_manifest(tmp, src, form, checked)
+        if final.exists():  # stale or incomplete: replace (we hold the lock)
+            shutil.rmtree(final)
+        os.replace(tmp, final)  # atomic: a cache folder is complete or absent
+        report(1.0, f"{src.title}: cached in {form} ({_folder_gb(final):.1f} GB)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_model_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, final: Path,
+                      report: LoadProgress = _no_progress) -> None:
+    """A cache folder of `form` from an fp32 model in memory (tests build tiny models this way)."""
+    tensors = list(stream.model_tensors(model))
+    _write_cache(iter(tensors), len(tensors), model.config, tokenizer, src, form, final, report)
+
+
+def _write_manifest(folder: Path, src: GgufSource, form: Form, checked: int) -> None:
+    """Record what the folder was built from; written last and fsynced, so it vouches for the rest."""
+    import transformers
+
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {
+        "format": _CACHE_FORMAT,
+        "form": form,
+        "model": src.title,
+        "source_file": src.filename,
+        "source_sha256": src.sha256,
+        "files": files,
+        "checked_layers": checked,  # linears rebuilt from the file and found equal to their precision's layer
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    path = folder / _MANIFEST
+    with open(path, "w") as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
