@@ -9,17 +9,21 @@ from typing import Any
 import streamlit as st
 
 from specviz.app import jobs
+from specviz.app import watch_state as ws
+from specviz.app.watch_state import P
+from specviz.core import drafters, metrics
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
-from specviz.app.runner import JobView
-from specviz.app.settings import Settings, shown
+from specviz.serve.worker import JobView
+from specviz.app.settings import shown
+from specviz.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
-from specviz.app.sidebar import read_query, settings, write_page_query
+from specviz.app.sidebar import settings, write_page_query
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
-from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
-from specviz.app.settings import MAX_PROMPT_CHARS, cut_long_prompt
+from specviz.presets import DEFAULT_PRESET, PRESETS
+from specviz.app.settings import cut_long_prompt
 from specviz.labs import how_far
 from specviz.app import predict
 from specviz.viz import export
@@ -29,110 +33,9 @@ from specviz.viz import playback as pb
 from specviz.viz import strip
 from specviz.viz import tree as tree_view
 
-P = "watch."  # session_state prefix of this page
-# name -> (seconds per tick, frames per tick). Ticks stay at 2-3 per second at most: the browser and
-# the models share this machine's CPU, and every redraw slows the runs being measured.
-SPEEDS: dict[str, tuple[float, int]] = {
-    "slow": (0.9, 1), "normal": (0.45, 1), "fast": (0.35, 2), "fastest": (0.35, 4),
-}
-WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
-# While a run waits in the queue the page draws only its place in it, every 2 s (and once the replay has
-# ended and only the baseline is left, only the baseline's line, every 2 s): measured with
-# `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 pages redrawing the whole live view at the
-# playback tick while they waited made the class's 18 runs and baselines take 603 s instead of 358 s.
-QUEUE_TICK = 2.0
-# ... except the run that is next in line: on a free server every run is "queued" for a moment after Play, and
-# a 2 s tick there put the first round on screen 2.5 s after Play (loadtest --sessions 1, qwen-coder fp16w)
-NEXT_UP_TICK = 0.25
 MAX_LANES = 6  # lanes on screen: the current round and the ones before it
 PROMPT_URL_MAX = 1500  # longer prompts stay out of the URL
 ss = st.session_state
-
-
-# ------------------------------------------------------------------------------------------
-# State helpers and control callbacks (no model work here: only moving the replay cursor)
-# ------------------------------------------------------------------------------------------
-
-
-def _init_state() -> None:
-    if P + "prompt" in ss:
-        return
-    url_prompt, url_preset = read_query("prompt"), read_query("preset")
-    preset = get_preset(url_preset or "") or get_preset(DEFAULT_PRESET)
-    notes: list[str] = []
-    if url_preset and not get_preset(url_preset):
-        notes.append(f"Unknown preset `{shown(url_preset)}` in the link; showing the code example.")
-    ss[P + "prompt"] = url_prompt[:MAX_PROMPT_CHARS] if url_prompt is not None else preset.prompt
-    if url_prompt is not None and len(url_prompt) > MAX_PROMPT_CHARS:
-        notes.append(f"The prompt in the link had {len(url_prompt):,} characters; only the first "
-                     f"{MAX_PROMPT_CHARS:,} were kept (the prompt box holds at most that many).")
-    ss.setdefault(P + "frame", 0)
-    ss.setdefault(P + "playing", False)
-    speed = read_query("speed")
-    if speed is not None and speed not in SPEEDS:
-        notes.append(f"Ignored `speed={shown(speed)}` in the link: choose one of {', '.join(SPEEDS)}.")
-    ss[P + "speed"] = speed if speed in SPEEDS else "normal"
-    if read_query("autoplay") == "1":  # a link that starts the demo by itself (once per session)
-        _request_play()
-    ss[P + "notes"] = notes
-
-
-def _ref() -> RunRef | None:
-    return ss.get(P + "run")
-
-
-def _views(ref: RunRef | None) -> tuple[JobView | None, JobView | None]:
-    if ref is None:
-        return None, None
-    spec, plain = jobs.job(ref.spec_key), jobs.job(ref.plain_key)
-    return (spec.view() if spec else None), (plain.view() if plain else None)
-
-
-def _rounds() -> tuple[RoundTrace, ...]:
-    spec, _ = _views(_ref())
-    return spec.rounds if spec else ()
-
-
-def _use_preset(preset_id: str) -> None:
-    ss[P + "prompt"] = get_preset(preset_id).prompt
-
-
-def _request_play() -> None:
-    ss[P + "play_request"] = True
-    ss[P + "playing"] = True  # optimistic, so the button already reads "Pause"; undone if the prompt cannot run
-
-
-def _pause() -> None:
-    ss[P + "playing"] = False
-
-
-def _step() -> None:
-    rounds = _rounds()
-    ss[P + "playing"] = False
-    cur = pb.locate(rounds, ss[P + "frame"])
-    if cur is None:
-        return
-    target = cur.round if not cur.complete(rounds) else min(cur.round + 1, len(rounds) - 1)
-    ss[P + "frame"] = pb.round_end_frame(rounds, target)
-
-
-def _back() -> None:
-    rounds = _rounds()
-    ss[P + "playing"] = False
-    cur = pb.locate(rounds, ss[P + "frame"])
-    if cur is None:
-        return
-    ss[P + "frame"] = pb.round_end_frame(rounds, cur.round - 1) if cur.round > 0 else 0
-
-
-def _replay() -> None:
-    ss[P + "frame"] = 0
-    ss[P + "playing"] = _ref() is not None
-    ss[P + "race_t0"] = None
-
-
-def _start_race() -> None:
-    ss[P + "race_t0"] = time.time()
 
 
 # ------------------------------------------------------------------------------------------
@@ -150,7 +53,7 @@ def _header(s: Settings) -> None:
 
 
 def _prompt_box() -> str:
-    preset_buttons(P, _use_preset, {"predictable": " — the helper should guess well",
+    preset_buttons(P, ws.use_preset, {"predictable": " — the helper should guess well",
                                     "creative": " — many good next words"})
     prompt = st.text_area("Prompt (the models continue this text)", key=P + "prompt", height=110,
                           on_change=cut_long_prompt, args=(ss, P + "prompt"), persist_state="session")
@@ -170,7 +73,7 @@ def _d1_question(finished: bool) -> None:
     """Ask before the run; after it, judge the recorded choice against this run's own check."""
     if ss.get(P + "revealed") or (finished and ss.get(P + "seen_end")):
         ss[P + "revealed"] = True
-        spec, plain = _views(_ref())
+        spec, plain = ws.views(ws.ref())
         if spec and spec.generation:
             same = None
             if plain and plain.generation and spec.generation.config.sampling.greedy:
@@ -192,47 +95,19 @@ def _controls(has_run: bool) -> None:
     playing = ss[P + "playing"]
     with st.container(horizontal=True, gap="small", vertical_alignment="bottom"):
         if playing:
-            st.button("Pause", key=P + "pause", icon=":material/pause:", on_click=_pause, shortcut="K",
+            st.button("Pause", key=P + "pause", icon=":material/pause:", on_click=ws.pause, shortcut="K",
                       type="primary")
         else:
-            st.button("Play", key=P + "play", icon=":material/play_arrow:", on_click=_request_play, shortcut="K",
+            st.button("Play", key=P + "play", icon=":material/play_arrow:", on_click=ws.request_play, shortcut="K",
                       type="primary")
-        st.button("Step back", key=P + "back", icon=":material/skip_previous:", on_click=_back,
+        st.button("Step back", key=P + "back", icon=":material/skip_previous:", on_click=ws.back,
                   disabled=not has_run, shortcut="J", help="Show the previous round (J)")
-        st.button("Step one round", key=P + "step", icon=":material/skip_next:", on_click=_step,
+        st.button("Step one round", key=P + "step", icon=":material/skip_next:", on_click=ws.step,
                   disabled=not has_run, shortcut="L", help="Finish this round, or show the next one (L)")
-        st.button("Replay", key=P + "replay", icon=":material/replay:", on_click=_replay, disabled=not has_run,
+        st.button("Replay", key=P + "replay", icon=":material/replay:", on_click=ws.replay, disabled=not has_run,
                   shortcut="Home", help="Replay the recorded rounds from the start (Home). Replays never call a model.")
-        st.select_slider("Animation speed", options=list(SPEEDS), key=P + "speed", width=260, persist_state="session")
+        st.select_slider("Animation speed", options=list(ws.SPEEDS), key=P + "speed", width=260, persist_state="session")
     st.caption("Keyboard: **K** play/pause · **J** step back · **L** step one round · **Home** replay")
-
-
-def _handle_play(pair: Any, prompt: Prompt, s: Settings) -> None:
-    """Start a run for the current prompt and settings, or resume/replay the one on screen.
-
-    Submitting is idempotent: a run that exists (queued, running or done) is reused, and a
-    failed or stopped one is queued again, so Play never repeats model work that is on record.
-    """
-    if not ss.pop(P + "play_request", False):
-        return
-    old, new = _ref(), watch.run_ref(pair.spec.name, prompt.text, s)
-    busy = jobs.submit({new.spec_key: lambda: watch.speculative_run(pair, prompt.ids, s),
-                        new.plain_key: lambda: watch.baseline_run(pair, prompt.ids, s)}, shared=True)
-    if busy:
-        ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
-        ss[P + "playing"] = False
-        st.rerun()
-    if old is None or old.spec_key != new.spec_key:
-        if old is not None:
-            jobs.cancel_unshared(old.keys, new.keys)
-        ss[P + "run"] = new
-        ss[P + "frame"] = 0
-        ss[P + "race_t0"] = None
-    else:
-        spec, _ = _views(new)
-        if spec and spec.finished and ss[P + "frame"] >= pb.total_frames(spec.rounds) - 1:
-            ss[P + "frame"] = 0  # at the end: play again from the start
-    ss[P + "playing"] = True
 
 
 def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
@@ -247,19 +122,11 @@ def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
 def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any, baseline: bool = True) -> None:
     """One line on the run's progress (and the baseline's, unless `baseline` is False: _baseline_poll says it then),
     in the level's words; the lanes show the rounds."""
-    d1 = s.level == "d1"
     if spec.state in ("failed", "cancelled", "queued"):
         jobs.show_status(ref.spec_key, spec, "This run", "Play")
-    elif spec.state == "running":
-        st.caption(f":material/settings: {L['thinking'].capitalize()} "
-                   f"({L['round_name'].format(n=len(spec.rounds) + 1).lower()} is being computed; "
-                   f"the lanes replay the {'turns' if d1 else 'rounds'} already done)")
-    elif spec.state == "done" and spec.generation is not None:
-        g = spec.generation
-        done = (f":material/check_circle: Finished: {len(g.tokens)} {L['tokens']} in {g.target_calls} big-model turns." if d1 else
-                f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
-                f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
-        st.caption(done + " The animation replays the recorded rounds.")
+    elif line := watch.run_words(spec.generation if spec.state == "done" else None, spec.state == "running",
+                                 len(spec.rounds), s.level == "d1", L):
+        st.caption(line)
     if plain is not None and baseline:
         _baseline_line(ref, plain)
 
@@ -268,32 +135,17 @@ def _baseline_line(ref: RunRef, plain: JobView) -> None:
     """Where the target-only baseline stands: failed or stopped, waiting its turn, or being measured."""
     if plain.state in ("failed", "cancelled"):
         jobs.show_status(ref.plain_key, plain, "The plain run for comparison", "Play")
-    elif plain.state == "queued":
-        j = jobs.job(ref.plain_key)
-        ahead = jobs.runner().ahead(j) if j else 0
-        st.caption(":material/timer: The plain run for comparison waits until the runs queued before it are done"
-                   + (f" ({ahead} to go)." if ahead > 0 else "."))
     elif not plain.finished:
+        j = jobs.job(ref.plain_key)
+        ahead = jobs.runner().ahead(j) if j and plain.state == "queued" else 0
         made = sum(len(r.new_ids) for r in plain.rounds)
-        st.caption(f":material/timer: Measuring plain decoding for comparison… {made}/{ref.settings.max_new_tokens}")
-
-
-def _next_up(ref: RunRef) -> bool:
-    """Whether the run waits for nothing but the worker to pick it up (no job runs or waits before it)."""
-    j = jobs.job(ref.spec_key)
-    return j is not None and jobs.runner().ahead(j) == 0
-
-
-def _waits_for_baseline_only(status: tuple[bool, bool, bool, bool]) -> bool:
-    """The run is done, its replay has stopped, and only the baseline is left: the live view has nothing to redraw."""
-    run_done, baseline_done, playing, _ = status
-    return run_done and not baseline_done and not playing
+        st.caption(watch.baseline_words(plain.state == "queued", ahead, made, ref.settings.max_new_tokens))
 
 
 def _baseline_poll(ref: RunRef) -> None:
     """While only the baseline is left: one small line redrawn every 2 s, and the whole page once it is done."""
 
-    @st.fragment(run_every=QUEUE_TICK)
+    @st.fragment(run_every=ws.QUEUE_TICK)
     def poll() -> None:
         j = jobs.job(ref.plain_key)
         if j is None or j.view().finished:
@@ -381,7 +233,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
         textbook = full.expected_speedup if full else None  # both from the run's one Comparison record
         with_cost = full.expected_speedup_measured_verify if full else None
         d1c.metric(L["metric_c"], f"{c:.3f}" if c is not None else "…", **_measuring(c))
-        if spec.generation and spec.generation.drafter == "tree":  # the chain formula does not describe a tree
+        if spec.generation and not metrics.chain_formula_applies(spec.generation.drafter):  # e.g. a tree
             cost = full.verify_steps if full else None
             d2c.metric("nodes per tree", f"{full.gamma:.1f}" if full else "…", **_measuring(full.gamma if full else None))
             d3c.metric("tree pass cost", f"{cost:.2f} steps" if cost else "…", **_measuring(cost),
@@ -404,7 +256,7 @@ def _alone_record() -> watch.AloneRecord:
 
 def _shared(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -> watch.SharedServer | None:
     """How the server was shared while both runs were timed (None for a run from before this server's record)."""
-    ref = _ref()
+    ref = ws.ref()
     if ref is None:
         return None
     return _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup, plain.generation,
@@ -412,49 +264,11 @@ def _shared(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -
 
 
 def _sharing_line(shared: watch.SharedServer, s: Settings) -> None:
-    """How many runs shared this run's target passes, how both were timed, and (D5) the pair's figure on a free server;
-    a warning where other programs' CPU or the baseline's own steps say the machine was busy with something else."""
+    """How the server was shared while both runs were timed; a warning where the machine was busy with something else."""
     if shared.busy and s.level != "d1":
-        st.warning(f"The machine was busy while these runs were timed: {_busy_reason(shared)}, so this speed-up is "
-                   "uncertain. Press **Play** again when the computer is quiet (close video calls and other heavy "
-                   "programs).", icon=":material/speed:")
-    if s.level == "d1":
-        if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
-            st.caption(f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at "
-                       "once), so checking the helper's guesses was not free this time.")
-        return
-    if shared.most <= 1:
-        line = ("This server gives every run a big-model pass of its own (its target was not found to give the same "
-                "bits in shared passes), so this run and its plain twin took turns with any other runs.")
-    elif shared.most == 2:
-        line = ("The server had nothing else to do: this run and its plain twin shared the big model's passes only "
-                "with each other.")
-    else:
-        line = (f"A shared server: each big-model pass of this run and its plain twin served **{shared.runs_per_pass:.1f} "
-                f"runs** at once on average (at most {shared.most}), other pupils' runs included.")
-    if s.level == "d5":
-        line += (" Both runs are timed by the passes they took part in (a shared pass counts in full for each run in "
-                 "it; waiting for other runs' draft passes does not count), so the speed-up compares them under the "
-                 "same sharing.")
-        if shared.most > 2:  # a free-server figure is only worth showing beside a shared one
-            alone = (f" On this server with nobody else running, these settings gave **{shared.alone_speedup:.2f}×** "
-                     f"(prompt: {shown(shared.alone_prompt or '')[:60]})." if shared.alone_speedup else
-                     " This server has not yet run these settings with nobody else running, so there is no "
-                     "free-server figure to put beside it.")
-            line += alone
-    st.caption(line)
-
-
-def _busy_reason(shared: watch.SharedServer) -> str:
-    """What said the machine was busy: other programs' CPU, the plain run's step spread, or both."""
-    reasons = []
-    if shared.others is not None:
-        reasons.append(f"other programs used {shared.others.cores:.1f} of the {shared.others.cpus} cores while they ran "
-                       f"(this page in a browser takes under {watch.BUSY_OTHERS:.2g})")
-    if shared.disturbed is not None:
-        reasons.append(f"the plain run's steps varied by {shared.disturbed:.1f}× between its faster and slower quarters "
-                       f"(a quiet machine stays within {watch.NOISY_STEPS:.1f}×)")
-    return " and ".join(reasons)
+        st.warning(watch.busy_warning(shared), icon=":material/speed:")
+    if line := watch.sharing_words(shared, s.level, shown(shared.alone_prompt or "")):
+        st.caption(line)
 
 
 def _expected_metrics(left: Any, right: Any, textbook: float | None, with_cost: float | None, L: Any) -> None:
@@ -508,38 +322,23 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
         lesson_md(s.level, "greedy_residual" if run_mode == "greedy" else "sampling_residual")
 
 
-def _tick_status(spec: JobView | None, plain: JobView | None) -> tuple[bool, bool, bool, bool]:
-    """What sets the live view's redraw rate: (run finished, baseline finished, playing, run still queued)."""
-    return (spec.finished if spec else True, plain.finished if plain else True, bool(ss[P + "playing"]),
-            bool(spec is not None and spec.state == "queued"))
-
-
 def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
     """One tick: advance the replay cursor if playing, then draw what has been recorded so far."""
     inline = ss.pop(P + "live_inline", False)  # drawn by the page's own run, not by a tick of the fragment
     L = labels(s.level)
-    spec, plain = _views(ref)
+    spec, plain = ws.views(ref)
     if spec is None:
         st.warning("This run is no longer in memory. Press Play to run it again.")
         return
     rounds = spec.rounds
-    total = pb.total_frames(rounds)
-    if ss[P + "playing"] and total:
-        ss[P + "frame"] = min(ss[P + "frame"] + SPEEDS[ss[P + "speed"]][1], total - 1)
-    ss[P + "frame"] = max(0, min(ss[P + "frame"], max(total - 1, 0)))
-    cur = pb.locate(rounds, ss[P + "frame"])
-    at_end = cur is not None and ss[P + "frame"] >= total - 1 and cur.complete(rounds)
-    if spec.finished and (at_end or not rounds):
-        if ss[P + "playing"]:
-            ss[P + "playing"] = False
-        ss[P + "seen_end"] = True
-    status = _tick_status(spec, plain)
+    cur, at_end = ws.advance(spec)
+    status = ws.tick_status(spec, plain)
     if status != status_at_run and not inline:
         # start/stop ticking and show the end-of-run sections. Not during the page's own run: a job that left
         # the queue a moment ago would rerun the page at once and lose its one-time notes (the next tick does it)
         st.rerun(scope="app")
 
-    _status(ref, spec, plain, s, L, baseline=not _waits_for_baseline_only(status))
+    _status(ref, spec, plain, s, L, baseline=not ws.waits_for_baseline_only(status))
     if spec.state == "queued":
         return  # nothing to replay yet: the place in the queue is all there is to draw (cheap for the server)
     waiting = not spec.finished and (cur is None or at_end)
@@ -568,7 +367,7 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
 def _race(ref: RunRef, s: Settings) -> None:
     """Plain vs speculative decoding, replayed on a shared clock at measured speed."""
     L = labels(s.level)
-    spec, plain = _views(ref)
+    spec, plain = ws.views(ref)
     st.subheader("The race" if s.level == "d1" else "Race: plain vs speculative (replayed at measured speed)")
     lesson_md(s.level, "race")
     if not (spec and plain and spec.generation and plain.generation):
@@ -586,7 +385,7 @@ def _race(ref: RunRef, s: Settings) -> None:
         predict.reveal(P, predict_view.RACE, predict_view.reveal_race(speedup))
     elif t0 is None:
         predict.ask(P, predict_view.RACE, "Answer, then press **Start the race**: the race answers it.")
-    st.button("Start the race", icon=":material/sports_score:", key=P + "race_go", on_click=_start_race, shortcut="G")
+    st.button("Start the race", icon=":material/sports_score:", key=P + "race_go", on_click=ws.start_race, shortcut="G")
 
     @st.fragment(run_every=0.1 if racing else None)
     def race_view() -> None:
@@ -602,10 +401,7 @@ def _race(ref: RunRef, s: Settings) -> None:
             with col:
                 st.html(strip.race_html(title, tl.text_at(now_ms), made, tl.tokens[-1] if tl.tokens else 0,
                                         now_ms >= tl.total_ms, cls))
-        clock = f":material/timer: {now_ms / 1000:.1f} s — " if s.level != "d1" else ""
-        hint = "Press **Start the race**. " if start is None else ""
-        st.caption(f"{hint}{clock}replayed at measured speed (the two runs were computed together, each timed by the passes it "
-                   "took part in).")
+        st.caption(watch.race_caption(start is not None, now_ms, s.level))
         if s.level != "d1":
             _chart("race", (ref.spec_key, s.level, s.presenter), lambda: watch_view.race_figure(spec_tl, plain_tl, L, font_size(s)))
 
@@ -613,31 +409,19 @@ def _race(ref: RunRef, s: Settings) -> None:
 
 
 def _same_text(ref: RunRef, s: Settings) -> None:
-    spec, plain = _views(ref)
+    spec, plain = ws.views(ref)
     if not (spec and plain and spec.generation and plain.generation):
         return
-    same = spec.generation.tokens == plain.generation.tokens
-    greedy = ref.settings.mode == "greedy"
-    if greedy and same:
-        msg = ("The helper did not change a single word: the big model alone wrote exactly the same text."
-               if s.level == "d1" else
-               "Greedy check: the speculative text is token-for-token identical to the target alone.")
-        st.success(msg, icon=":material/check_circle:")
-    elif greedy:
-        n = next((i for i, (a, b) in enumerate(zip(spec.generation.tokens, plain.generation.tokens)) if a != b),
-                 min(len(spec.generation.tokens), len(plain.generation.tokens)))
-        st.warning(f"The texts differ from token {n + 1} on. Both come from the target, but a pass that scores several "
-                   "tokens does its floating-point sums in a different order than a one-token pass, which can flip a "
-                   "near-tie between the two most likely tokens.")
-    else:
-        st.info("Sampling: both runs follow the target's probabilities, but the random draws fall differently, "
-                "so the two texts can differ. Same seed and settings replay a run exactly.")
+    kind, line = watch.same_text_words(spec.generation, plain.generation, s.level)
+    icons = {"success": ":material/check_circle:", "warning": None, "info": None}
+    getattr(st, kind)(line, icon=icons[kind])
 
 
 def _drafter_verdict(ref: RunRef, s: Settings, device: str) -> None:
     """Say so, from this run's own α and c, when the draft model cannot pay here (a GPU, mostly)."""
-    spec, plain = _views(ref)
-    if s.level == "d1" or ref.settings.drafter != "model" or not (
+    spec, plain = ws.views(ref)
+    kind = drafters.spec(ref.settings.drafter)
+    if s.level == "d1" or not (kind.needs_draft_model and kind.leviathan) or not (
             spec and plain and spec.generation and plain.generation):
         return
     trade = how_far.run_tradeoff(spec.generation, plain.generation)
@@ -647,7 +431,7 @@ def _drafter_verdict(ref: RunRef, s: Settings, device: str) -> None:
 
 
 def _downloads(ref: RunRef) -> None:
-    spec, plain = _views(ref)
+    spec, plain = ws.views(ref)
     if not (spec and spec.generation):
         return
     base = plain.generation if plain and plain.generation else None
@@ -665,7 +449,7 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
         lesson_md("d1", "where")
         return
     L = labels(s.level)
-    spec, plain = _views(ref)
+    spec, plain = ws.views(ref)
     st.subheader("Go deeper")
     if s.level == "d2":
         with st.expander("The four steps of a round", expanded=False):
@@ -685,9 +469,8 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
         lesson_md("d5", "rule")
     with st.expander("Leviathan's trade-off", expanded=True):
         lesson_md("d5", "tradeoff")
-        if spec and spec.generation and spec.generation.drafter == "tree":
-            st.caption("These curves describe a chain of γ guesses. A tree run has no such curve here: "
-                       "read its tokens per target call and its tree pass cost above.")
+        if spec and spec.generation and (no_curve := watch.no_curve_words(spec.generation.drafter)):
+            st.caption(no_curve)
         elif spec and plain and spec.generation and plain.generation:
             trade = how_far.run_tradeoff(spec.generation, plain.generation)
             if trade is not None:
@@ -714,11 +497,11 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
 
 def main() -> None:
     s = settings()
-    _init_state()
+    ws.init_state()
     _header(s)
     text = repaired_prompt(_prompt_box())
-    ref = _ref()
-    spec, plain = _views(ref)
+    ref = ws.ref()
+    spec, plain = ws.views(ref)
     if s.level == "d1":
         _d1_question(bool(spec and spec.finished))
     _controls(has_run=bool(spec and spec.rounds))
@@ -727,20 +510,16 @@ def main() -> None:
 
     pair = pair_or_message(s.pair)
     if pair is None:
-        if ss.pop(P + "play_request", False):
-            ss[P + "playing"] = False
-            st.rerun()
+        ws.drop_play_request()
         return
     prompt = encode(pair, text)
     problem = prompt.problem(s.max_new_tokens)
     if problem:
         st.info(problem, icon=":material/edit:")
-        if ss.pop(P + "play_request", False):
-            ss[P + "playing"] = False
-            st.rerun()
+        ws.drop_play_request()
     else:
-        _handle_play(pair, prompt, s)
-        ref = _ref()
+        ws.handle_play(pair, prompt, s)
+        ref = ws.ref()
     if ref is None:
         if not problem:
             st.caption(f"Ready: {len(prompt.ids)} prompt tokens, {pair.spec.title}. Press **Play** to start.")
@@ -750,16 +529,10 @@ def main() -> None:
         st.info("The prompt or the settings changed since this run. Press **Play** to run them; "
                 "until then the previous run stays on screen.", icon=":material/sync:")
 
-    spec, plain = _views(ref)
-    status = _tick_status(spec, plain)
-    finished, playing, queued = status[:2], status[2], status[3]
-    baseline_only = _waits_for_baseline_only(status)
-    if queued:  # nothing moves but a place in the queue
-        tick: float | None = NEXT_UP_TICK if _next_up(ref) else QUEUE_TICK
-    elif baseline_only:  # nothing in the live view moves at all: _baseline_poll below waits for the baseline
-        tick = None
-    else:
-        tick = SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
+    spec, plain = ws.views(ref)
+    status = ws.tick_status(spec, plain)
+    baseline_only = ws.waits_for_baseline_only(status)
+    tick = ws.tick_seconds(ref, status)
     live = st.fragment(run_every=tick)(_live)
     with st.container(key="sv-live"):
         ss[P + "live_inline"] = True

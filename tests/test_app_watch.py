@@ -325,7 +325,7 @@ def _on_record(key, gen):
 @pytest.mark.parametrize("draft_ms, pays, max_new", [(9.5, False, 13), (0.5, True, 14)])
 def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays, max_new):
     """From the run's own recorded α and c (draft 9.5 or 0.5 ms a token against 10 ms target steps), never this machine's clock."""
-    from specviz.core.drafters import make_drafter
+    from specviz.core import drafters
     from specviz.core.engine import autoregressive_generate, speculative_generate
     from specviz.core.progress import drain
     from specviz.labs import how_far, watch
@@ -336,7 +336,7 @@ def test_the_page_says_when_this_runs_draft_model_cannot_pay(draft_ms, pays, max
     pair, prompt = models.load_pair("tiny-random"), get_preset(DEFAULT_PRESET).prompt
     s = Settings(pair="tiny-random", max_new_tokens=max_new)  # a length no other test asks for: these keys are new
     ids = pair.tokenizer(prompt)["input_ids"]
-    spec = _recorded(drain(speculative_generate(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids,
+    spec = _recorded(drain(speculative_generate(pair.target, drafters.build("model", pair.draft), pair.tokenizer, ids,
                                                 s.generation_config(), pair.eos_ids)), draft_ms, 10.0)
     plain = _recorded(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, s.baseline_config(), pair.eos_ids)),
                       0.0, 10.0)
@@ -463,9 +463,9 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, m
     samples: other programs keep 1.0 core (a hog) or 0.4 (a browser redrawing) busy, or none are taken; no clock is read."""
     from dataclasses import replace
 
-    from specviz.app import runner
+    from specviz.serve import worker
 
-    from specviz.core.drafters import make_drafter
+    from specviz.core import drafters
     from specviz.core.engine import autoregressive_generate, speculative_generate
     from specviz.core.progress import drain
     from specviz.labs import watch
@@ -475,7 +475,7 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, m
     pair, prompt = models.load_pair("tiny-random"), get_preset(DEFAULT_PRESET).prompt
     s = Settings(pair="tiny-random", max_new_tokens=max_new)
     ids = pair.tokenizer(prompt)["input_ids"]
-    spec = _recorded(drain(speculative_generate(pair.target, make_drafter("model", pair.draft), pair.tokenizer, ids,
+    spec = _recorded(drain(speculative_generate(pair.target, drafters.build("model", pair.draft), pair.tokenizer, ids,
                                                 s.generation_config(), pair.eos_ids)), 0.5, 10.0)
     plain = _recorded(drain(autoregressive_generate(pair.target, pair.tokenizer, ids, s.baseline_config(), pair.eos_ids)),
                       0.0, 10.0)
@@ -484,7 +484,7 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, m
         plain = replace(plain, rounds=rounds, decode_ms=sum(r.verify_ms for r in rounds))
     # each run samples the CPU at its start and end: the run 0-12 s, its baseline 0.1-20 s
     samples = iter([_cpu(others, t) for t in (0, 12, 0.1, 20)] if others is not None else [])
-    monkeypatch.setattr(runner, "cpu_sample", lambda: next(samples, None))
+    monkeypatch.setattr(worker, "cpu_sample", lambda: next(samples, None))
     ref = watch.run_ref("tiny-random", prompt, s)
     _on_record(ref.spec_key, spec)
     _on_record(ref.plain_key, plain)

@@ -9,10 +9,11 @@ from typing import Any
 
 import streamlit as st
 
+from specviz.settings import encode_prompt
 from specviz import models
 from specviz.app import policy as policy_rules
-from specviz.app.runner import PairStore
-from specviz.core.drafters import ModelDrafter
+from specviz.serve.worker import PairStore
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.trace import GenerationConfig
@@ -33,7 +34,7 @@ def _load(name: str, progress: Any) -> models.LoadedPair:
     gc.collect()
     pair = models.load_pair(name, progress=lambda f, m: progress(0.95 * f, m))
     progress(0.96, "warming up (one short run, so the first timing is fair)")
-    ids = list(pair.tokenizer(WARMUP_TEXT)["input_ids"])
+    ids = encode_prompt(pair.tokenizer, WARMUP_TEXT)
     config = GenerationConfig(max_new_tokens=6, gamma=4)
     drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))

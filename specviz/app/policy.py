@@ -14,12 +14,14 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specviz.models.registry import split_ref
-from specviz.app.settings import DRAFTERS, MAX_NEW_RANGE, Settings, _first, parse_query
-from specviz.settings import bounded  # noqa: F401 (the app's name for it)
+from specviz.core import drafters as drafter_registry
+from specviz.app.settings import _first, parse_query
+from specviz.core.limits import APP_MAX_NEW_RANGE
+from specviz.settings import Settings
 
 log = logging.getLogger("specviz.app")
 
@@ -53,8 +55,8 @@ class Policy:
     default_pair: str | None = None  # what a fresh visitor gets; None: the registry's default
     classroom: bool = False  # pupils see only what they may change
     pair: str | None = None  # classroom: the fixed pair (None: any offered pair)
-    max_new_tokens: int = MAX_NEW_RANGE[1]  # the largest max-new-tokens a visitor may ask for
-    drafters: tuple[str, ...] = DRAFTERS  # drafters visitors may use
+    max_new_tokens: int = APP_MAX_NEW_RANGE[1]  # the largest max-new-tokens a visitor may ask for
+    drafters: tuple[str, ...] = field(default_factory=drafter_registry.names)  # drafters visitors may use (default: every one)
     waiting_per_browser: int = WAITING_PER_BROWSER  # queued runs one browser may have at once
     live_batch: bool = False  # classroom: the batch lab may measure live (it holds the shared worker for minutes)
 
@@ -79,7 +81,7 @@ class Policy:
 
     @property
     def max_new_range(self) -> tuple[int, int]:
-        return MAX_NEW_RANGE[0], self.max_new_tokens
+        return APP_MAX_NEW_RANGE[0], self.max_new_tokens
 
 
 # ------------------------------------------------------------------------------------------
@@ -146,22 +148,23 @@ def load_policy(named: Sequence[str], env: Mapping[str, str], secrets: Mapping[s
     allowed = [*_split_pairs(table.get("allowed_pairs")), *_split_pairs(env.get(ENV_ALLOWED)), *args.allow]
     classroom = bool(args.classroom) or _flag(env.get(ENV_CLASSROOM, "")) or _flag(room.get("enabled", False))
     pair = args.pair or env.get(ENV_PAIR) or room.get("pair") or None
-    max_new = _int_in(args.max_new or env.get(ENV_MAX_NEW) or room.get("max_new_tokens"), *MAX_NEW_RANGE,
+    max_new = _int_in(args.max_new or env.get(ENV_MAX_NEW) or room.get("max_new_tokens"), *APP_MAX_NEW_RANGE,
                       "classroom max new tokens", problems)
     drafters = _split_words(args.drafters or env.get(ENV_DRAFTERS) or room.get("drafters"))
     waiting = _int_in(args.max_waiting or env.get(ENV_WAITING) or table.get("max_waiting"), *WAITING_RANGE,
                       "waiting runs per browser", problems)
     default = env.get(ENV_DEFAULT) or table.get("default_pair") or None
 
-    bad = [d for d in drafters if d not in DRAFTERS]
+    known = drafter_registry.names()
+    bad = [d for d in drafters if d not in known]
     if bad:
-        problems.append(f"unknown drafters {bad} ignored: choose from {', '.join(DRAFTERS)}")
-    drafters = [d for d in DRAFTERS if d in drafters] or list(DRAFTERS)
+        problems.append(f"unknown drafters {bad} ignored: choose from {', '.join(known)}")
+    drafters = [d for d in known if d in drafters] or list(known)
     policy = Policy(named=tuple(named), allowed=tuple(dict.fromkeys(allowed)),
                     default_pair=str(default) if default else None, classroom=classroom,
                     pair=str(pair) if pair else None,
-                    max_new_tokens=max_new if (classroom and max_new) else MAX_NEW_RANGE[1],
-                    drafters=tuple(drafters) if classroom else DRAFTERS,
+                    max_new_tokens=max_new if (classroom and max_new) else APP_MAX_NEW_RANGE[1],
+                    drafters=tuple(drafters) if classroom else known,
                     waiting_per_browser=waiting or WAITING_PER_BROWSER,
                     live_batch=bool(args.live_batch) or _flag(env.get(ENV_LIVE_BATCH, "")) or _flag(room.get("live_batch", False)))
     if policy.pair is not None and policy.pair not in policy.named + policy.allowed:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from specviz import models
-from specviz.app.settings import clean_prompt, prompt_problem
+from specviz.settings import clean_prompt, encode_prompt, prompt_problem
 from specviz.presets import GROUP_TITLES, presets_in
 
 
@@ -27,7 +27,7 @@ class Prompt:
 
 def encode(pair: models.LoadedPair, text: str) -> Prompt:
     """The prompt as the pair's tokenizer reads it (once per page run, for every job of the page)."""
-    ids = tuple(pair.tokenizer(text)["input_ids"]) if text.strip() else ()
+    ids = tuple(encode_prompt(pair.tokenizer, text))
     return Prompt(text, ids, pair.context_length)
 
 

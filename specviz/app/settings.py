@@ -6,14 +6,11 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
-from specviz.core.limits import DRAFTER_KINDS as DRAFTERS
-from specviz.core.limits import DrafterKind as DrafterName  # noqa: F401 (the app's name for it)
-from specviz.core.limits import APP_MAX_NEW_RANGE as MAX_NEW_RANGE
-from specviz.core.limits import GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
-from specviz.lessons import LEVELS, Level  # noqa: F401 (Level: the app's name for it)
-from specviz.settings import DEFAULTS, MAX_PROMPT_CHARS, Settings, clean_prompt, prompt_problem  # noqa: F401 (the app's names)
+from specviz.core import drafters
+from specviz.core.limits import APP_MAX_NEW_RANGE, GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
+from specviz.lessons import LEVELS
+from specviz.settings import DEFAULTS, MAX_PROMPT_CHARS, Settings
 
-# the names imported above are the app's view of core.limits, core.drafters and lessons (one definition each)
 LEVEL_TITLES: dict[str, str] = {"d1": "D1 · Story", "d2": "D2 · Picture", "d5": "D5 · Frontier"}
 QUERY_KEYS: dict[str, str] = {  # query-string name -> Settings field
     "level": "level", "pair": "pair", "drafter": "drafter", "mode": "mode", "temp": "temperature",
@@ -82,7 +79,7 @@ def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[S
         if found["pair"] is None:
             notes.append("The link names a model pair this server does not offer; using the default pair.")  # never echoed: it may be a path
     if "drafter" in get:
-        found["drafter"] = _choice("drafter", get["drafter"], DRAFTERS, notes)
+        found["drafter"] = _choice("drafter", get["drafter"], drafters.names(), notes)
     if "mode" in get:
         found["mode"] = _choice("mode", get["mode"], MODES, notes)
     if "temp" in get:
@@ -94,7 +91,7 @@ def parse_query(params: Mapping[str, Any], pair_names: Sequence[str]) -> tuple[S
     if "gamma" in get:
         found["gamma"] = _clamp_number("gamma", get["gamma"], int, *GAMMA_RANGE, notes)
     if "max_new" in get:
-        found["max_new_tokens"] = _clamp_number("max_new", get["max_new"], int, *MAX_NEW_RANGE, notes)
+        found["max_new_tokens"] = _clamp_number("max_new", get["max_new"], int, *APP_MAX_NEW_RANGE, notes)
     if "present" in get:
         found["presenter"] = _flag(get["present"])
     if "adaptive" in get:

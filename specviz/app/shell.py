@@ -11,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.lessons import has_lesson, lesson
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,22 +12,25 @@ from typing import Any
 import streamlit as st
 
 from specviz import models
+from specviz.core import drafters
 from specviz.models import fit as model_fit
 from specviz.app import policy as policy_rules
 from specviz.app.pairs import pair_store, pair_title
 from specviz.app.policy import Policy
-from specviz.app.settings import (
-    GAMMA_RANGE, LEVEL_TITLES, LEVELS, MODES, QUERY_KEYS, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE, Settings,
-    to_query,
-)
+from specviz.app.settings import LEVEL_TITLES, QUERY_KEYS, to_query
+from specviz.core.limits import TARGET_PRECISIONS, GAMMA_RANGE, MODES, SEED_RANGE, TEMPERATURE_RANGE, TOP_P_RANGE
+from specviz.lessons import LEVELS
+from specviz.settings import Settings, bounded
 
 log = logging.getLogger("specviz.app")
 
 K = "cfg."  # session_state prefix of the sidebar's widgets
 TEST_PAIR = "tiny-random"
-DRAFTER_TITLES = {"model": "small draft model", "ngram": "prompt lookup (n-gram, no second model)",
-                  "tree": "tree of guesses (small draft model)"}
 MODE_TITLES = {"greedy": "greedy", "sample": "sampling"}
+
+
+def _drafter_title(name: str) -> str:
+    return drafters.spec(name).title
 
 
 def current_policy() -> Policy:
@@ -51,7 +54,7 @@ def _secrets() -> Mapping[str, Any]:
 
 
 def _pair_titles(rules: Policy) -> dict[str, str]:
-    return {**{n: pair_title(n) for n in rules.pairs}, **DRAFTER_TITLES}
+    return {**{n: pair_title(n) for n in rules.pairs}, **{d.name: d.title for d in drafters.specs()}}
 
 
 def _init_from_query() -> None:
@@ -118,8 +121,9 @@ def sidebar_settings() -> Settings:
         if (start := start_pair()).note and pair == start.pair:
             sb.caption(start.note)
     if len(rules.drafters) > 1:
-        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=DRAFTER_TITLES.get, horizontal=False,
-                 help="Who guesses: the pair's small model, or a lookup that copies what followed the same words earlier.")
+        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=_drafter_title, horizontal=False,
+                 help="Who guesses:\n\n" + "\n\n".join(f"**{drafters.spec(d).title}**: {drafters.spec(d).words}"
+                                                       for d in rules.drafters))
     sb.radio("Decoding", MODES, key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
              help="Greedy always takes the most likely token; sampling draws from the probabilities.")
     if st.session_state[K + "mode"] == "sample":
@@ -161,7 +165,7 @@ def _hold_to(rules: Policy) -> None:
     if ss.get(K + "drafter") not in rules.drafters:
         ss[K + "drafter"] = rules.drafters[0]
     lo, hi = rules.max_new_range
-    ss[K + "max_new_tokens"] = policy_rules.bounded(ss.get(K + "max_new_tokens"), lo, hi, min(Settings().max_new_tokens, hi))
+    ss[K + "max_new_tokens"] = bounded(ss.get(K + "max_new_tokens"), lo, hi, min(Settings().max_new_tokens, hi))
 
 
 AUTO = "auto"  # the precision box's "chosen at load" entry
@@ -187,7 +191,7 @@ def precision_select(sb: Any, pair: str) -> None:
         label = f"automatic: {models.precision.describe(target)}" if p == AUTO else models.precision.describe(p)
         return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
 
-    sb.selectbox("Target precision", (AUTO, *models.TARGET_PRECISIONS), key=K + "precision", format_func=title,
+    sb.selectbox("Target precision", (AUTO, *TARGET_PRECISIONS), key=K + "precision", format_func=title,
                  help="fp32 keeps speculative greedy output identical to the target alone, and so does fp16w: the "
                  "weights stored in half precision (half the memory), every sum still in fp32, each token's row "
                  "computed the same way in a verify pass as in a one-token step. bf16 and int8 halve or "

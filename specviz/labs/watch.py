@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.core.drafters import make_drafter
+from specviz.bench.timing import NOISY_SPREAD
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_program, speculative_program
 from specviz.core.metrics import Comparison, compare
 from specviz.core.trace import Generation, RoundTrace
@@ -17,7 +18,7 @@ from specviz.serve.batch import SharedRun, Sharing
 from specviz.settings import Settings
 
 # RoundTrace is the record the page replays: the page takes it from here, not from core
-__all__ = ["BUSY_OTHERS", "NOISY_STEPS", "AloneRecord", "OthersUse", "RoundTrace", "RunRef", "SharedServer", "baseline_run",
+__all__ = ["BUSY_OTHERS", "AloneRecord", "OthersUse", "RoundTrace", "RunRef", "SharedServer", "baseline_run",
            "comparison", "others_while", "run_ref", "speculative_run", "step_spread"]
 
 
@@ -43,7 +44,7 @@ def run_ref(pair: str, prompt: str, s: Settings) -> RunRef:
 
 def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun:
     """The speculative run, for the server's batch: yields a RoundTrace per round, returns the Generation."""
-    drafter = make_drafter(s.drafter, pair.draft, adaptive=s.adaptive)
+    drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive)
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 
@@ -96,10 +97,6 @@ def _pair_settings(pair: str, s: Settings) -> tuple[Any, ...]:
     return pair, s.drafter, s.gamma, s.adaptive, s.sampling.mode
 
 
-# Spread of a target-only run's steps (slowest quarter's bound ÷ fastest quarter's) above which something else used
-# the machine while it was timed. Alone on a quiet machine its steps differ by a few % (the context grows); a busy
-# laptop (a video call, a projector's driver, a CPU hog on one core) stretches some steps 2-3 times.
-NOISY_STEPS = 1.5
 
 
 # CPU cores other programs may keep busy while a run is timed before it counts as disturbed. A steady hog on one core
@@ -148,7 +145,7 @@ class AloneRecord:
                others: OthersUse | None = None) -> SharedServer | None:
         """The sharing of a finished run and its baseline; a clean run that had the server alone is remembered.
 
-        With the server to itself, a baseline whose steps spread beyond NOISY_STEPS, or other programs that kept
+        With the server to itself, a baseline whose steps spread beyond NOISY_SPREAD, or other programs that kept
         more than BUSY_OTHERS cores busy meanwhile (`others`, from others_while), say the machine was busy with
         something else: that speed-up is uncertain, and it is neither remembered nor given a verdict.
         (Sharing a server changes the steps' cost as runs come and go, so both only judge a run alone.)"""
@@ -156,7 +153,7 @@ class AloneRecord:
             return None
         most = max(spec.most, plain.most)
         spread = step_spread(plain_run) if plain_run is not None else None
-        disturbed = spread if spread is not None and spread > NOISY_STEPS and most <= 2 else None
+        disturbed = spread if spread is not None and spread > NOISY_SPREAD and most <= 2 else None
         hogged = others if others is not None and others.cores > BUSY_OTHERS and most <= 2 else None
         key = _pair_settings(pair, ref.settings)
         passes = spec.passes + plain.passes
@@ -170,3 +167,109 @@ class AloneRecord:
             alone = self._found.get(key)
         return SharedServer(round(mean, 1), most, alone[0] if alone else None, alone[1] if alone else None, disturbed,
                             hogged)
+
+
+# ------------------------------------------------------------------------------------------
+# The page's sentences: what a run, its baseline, the server and the race say, in each level's words
+# ------------------------------------------------------------------------------------------
+
+
+def run_words(generation: Generation | None, running: bool, rounds_done: int, d1: bool, L: Any) -> str | None:
+    """One line on a running or finished run (None while it is queued or failed: the job's own status says that)."""
+    if running:
+        return (f":material/settings: {L['thinking'].capitalize()} "
+                f"({L['round_name'].format(n=rounds_done + 1).lower()} is being computed; "
+                f"the lanes replay the {'turns' if d1 else 'rounds'} already done)")
+    if generation is None:
+        return None
+    g = generation
+    done = (f":material/check_circle: Finished: {len(g.tokens)} {L['tokens']} in {g.target_calls} big-model turns." if d1 else
+            f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
+            f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
+    return done + " The animation replays the recorded rounds."
+
+
+def baseline_words(queued: bool, ahead: int, made: int, max_new_tokens: int) -> str:
+    """Where the target-only baseline stands while it is not done: waiting its turn, or being measured."""
+    if queued:
+        return (":material/timer: The plain run for comparison waits until the runs queued before it are done"
+                + (f" ({ahead} to go)." if ahead > 0 else "."))
+    return f":material/timer: Measuring plain decoding for comparison… {made}/{max_new_tokens}"
+
+
+def busy_reason(shared: SharedServer) -> str:
+    """What said the machine was busy: other programs' CPU, the plain run's step spread, or both."""
+    reasons = []
+    if shared.others is not None:
+        reasons.append(f"other programs used {shared.others.cores:.1f} of the {shared.others.cpus} cores while they ran "
+                       f"(this page in a browser takes under {BUSY_OTHERS:.2g})")
+    if shared.disturbed is not None:
+        reasons.append(f"the plain run's steps varied by {shared.disturbed:.1f}× between its faster and slower quarters "
+                       f"(a quiet machine stays within {NOISY_SPREAD:.1f}×)")
+    return " and ".join(reasons)
+
+
+def busy_warning(shared: SharedServer) -> str:
+    """The warning a disturbed timing earns (D2 and D5)."""
+    return (f"The machine was busy while these runs were timed: {busy_reason(shared)}, so this speed-up is "
+            "uncertain. Press **Play** again when the computer is quiet (close video calls and other heavy programs).")
+
+
+def sharing_words(shared: SharedServer, level: str, shown_prompt: str) -> str | None:
+    """How many runs shared this run's target passes and how both were timed; (D5) the pair's figure on a free server.
+    `shown_prompt`: the remembered prompt, already made safe to echo."""
+    if level == "d1":
+        if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
+            return (f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at once), "
+                    "so checking the helper's guesses was not free this time.")
+        return None
+    if shared.most <= 1:
+        line = ("This server gives every run a big-model pass of its own (its target was not found to give the same "
+                "bits in shared passes), so this run and its plain twin took turns with any other runs.")
+    elif shared.most == 2:
+        line = ("The server had nothing else to do: this run and its plain twin shared the big model's passes only "
+                "with each other.")
+    else:
+        line = (f"A shared server: each big-model pass of this run and its plain twin served **{shared.runs_per_pass:.1f} "
+                f"runs** at once on average (at most {shared.most}), other pupils' runs included.")
+    if level == "d5":
+        line += (" Both runs are timed by the passes they took part in (a shared pass counts in full for each run in "
+                 "it; waiting for other runs' draft passes does not count), so the speed-up compares them under the "
+                 "same sharing.")
+        if shared.most > 2:  # a free-server figure is only worth showing beside a shared one
+            line += (f" On this server with nobody else running, these settings gave **{shared.alone_speedup:.2f}×** "
+                     f"(prompt: {shown_prompt[:60]})." if shared.alone_speedup else
+                     " This server has not yet run these settings with nobody else running, so there is no "
+                     "free-server figure to put beside it.")
+    return line
+
+
+def same_text_words(spec: Generation, plain: Generation, level: str) -> tuple[str, str]:
+    """The verdict on the two texts: ("success" | "warning" | "info", the sentence)."""
+    if not spec.config.sampling.greedy:
+        return "info", ("Sampling: both runs follow the target's probabilities, but the random draws fall differently, "
+                        "so the two texts can differ. Same seed and settings replay a run exactly.")
+    if spec.tokens == plain.tokens:
+        return "success", ("The helper did not change a single word: the big model alone wrote exactly the same text."
+                           if level == "d1" else
+                           "Greedy check: the speculative text is token-for-token identical to the target alone.")
+    n = next((i for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens)) if a != b), min(len(spec.tokens), len(plain.tokens)))
+    return "warning", (f"The texts differ from token {n + 1} on. Both come from the target, but a pass that scores several "
+                       "tokens does its floating-point sums in a different order than a one-token pass, which can flip a "
+                       "near-tie between the two most likely tokens.")
+
+
+def race_caption(started: bool, now_ms: float, level: str) -> str:
+    """The line under the race: how it is replayed."""
+    hint = "Press **Start the race**. " if not started else ""
+    clock = f":material/timer: {now_ms / 1000:.1f} s — " if level != "d1" else ""
+    return (f"{hint}{clock}replayed at measured speed (the two runs were computed together, each timed by the passes it "
+            "took part in).")
+
+
+def no_curve_words(drafter: str) -> str | None:
+    """Why Leviathan's curves are not drawn for this run's drafter (None: they apply)."""
+    if drafters.spec(drafter).leviathan:
+        return None
+    return (f"These curves describe a chain of γ guesses. A run of the {drafters.spec(drafter).title} has no such curve "
+            "here: read its tokens per target call and its pass cost above.")
