@@ -1,4 +1,4 @@
-"""`python -m specviz …`: the command line (all of it lives in specviz/cli.py)."""
+"""`python -m specviz …`: the command line (it lives in the specviz/cli/ package: one module per command)."""
 
 from specviz.cli import main
 

@@ -240,9 +240,27 @@ def test_missing_prompt_is_one_line():
 
 
 def test_gamma_bounds_match_the_engine():
+    from specviz.cli.common import GAMMA_MAX, GAMMA_MIN
     from specviz.core.limits import GAMMA_RANGE
 
-    assert (cli.GAMMA_MIN, cli.GAMMA_MAX) == GAMMA_RANGE  # the CLI checks γ before importing torch
+    assert (GAMMA_MIN, GAMMA_MAX) == GAMMA_RANGE  # the CLI checks γ before importing torch
+
+
+def test_tree_defaults_match_the_tree_drafter():
+    from specviz.cli import common
+    from specviz.core.drafters.tree import TreeConfig
+
+    d = TreeConfig()  # the parser writes them out: importing the tree drafter loads torch
+    assert (common.TREE_BUDGET, common.TREE_BRANCHING, common.TREE_DEPTH, common.TREE_MIN_SCORE) == (
+        d.budget, d.branching, d.depth, d.min_score)
+
+
+def test_building_the_parser_imports_neither_torch_nor_transformers():
+    code = ("import sys; from specviz.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", "every --help would wait for these"
 
 
 def test_same_answer_subcommand_prints_identity_and_both_rules():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.models import gguf
-from specviz.app.runner import PairStore
+from specviz.models import catalogue, locate
+from specviz.serve.worker import PairStore
 from specviz.models import PairError, load_pair
 from tests.test_models import save_pair
 
@@ -88,8 +88,8 @@ def test_running_out_of_memory_while_loading_is_one_line(tmp_path: Path, monkeyp
 def test_weight_packages_are_located_without_importing_them():
     import sys
 
-    for sources in gguf._PAIR_SOURCES.values():
+    for sources in catalogue._PAIR_SOURCES.values():
         for source in sources:
             for part in source.parts:
-                assert gguf._locate_all(dataclasses.replace(source, parts=(part,))), f"{part.dist} is missing"
+                assert locate._locate_all(dataclasses.replace(source, parts=(part,))), f"{part.dist} is missing"
                 assert part.module not in sys.modules, f"{part.module} was imported"

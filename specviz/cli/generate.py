@@ -1,0 +1,289 @@
+"""`specviz generate`: one speculative run (and the target alone with --baseline), round by round or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from specviz.cli.common import (
+    PROG, CliError, add_pair_arguments, add_sampling_arguments, add_tree_arguments, check_sampling_arguments,
+    encoded_prompt, quiet_libraries, resolve_pair_name, stderr_progress, tree_config,
+)
+from specviz.core import drafters
+
+if TYPE_CHECKING:  # these load torch: imported where a run needs them, never for --help
+    from specviz.core.drafters.tree import TreeConfig
+    from specviz.core.metrics import Comparison
+    from specviz.core.trace import Generation, GenerationConfig
+
+WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
+WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
+
+
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    """The `generate` subcommand's parser."""
+    p = sub.add_parser(
+        "generate", help="speculative generation on a model pair, shown round by round",
+        description="Run speculative decoding once and print the text, every round and the totals.",
+    )
+    add_pair_arguments(p)
+    add_sampling_arguments(p)
+    add_tree_arguments(p)
+    p.add_argument("--adaptive", action="store_true",
+                   help="adaptive draft length: --gamma becomes the ceiling; the draft stops when unsure and "
+                   "drafting switches off while it does not pay")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the target alone (same settings) and report the speed-up")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the human form")
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Check the arguments, load the pair, warm up, run (and the baseline), print."""
+    check_sampling_arguments(args)
+    quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
+    tree = tree_config(args)
+    pair_name = resolve_pair_name(args.pair)
+    progress = stderr_progress(args.quiet)
+    from specviz import models
+    from specviz.core.engine import autoregressive_generate, speculative_generate
+    from specviz.core.metrics import compare
+    from specviz.core.progress import drain
+
+    config = generation_config(args)
+    pair = models.load_pair(
+        pair_name, draft_precision=args.draft_precision, progress=progress, target_precision=args.target_precision
+    )
+    if not args.quiet:
+        print(f"{PROG}: precision: target {getattr(pair, 'target_precision', '?')}, draft "
+              f"{getattr(pair, 'draft_precision', '?')} ({getattr(pair, 'precision_reason', '')})",
+              file=sys.stderr, flush=True)
+    prompt_ids = encoded_prompt(pair, args.prompt, args.max_new_tokens)
+    eos_ids = tuple(pair.eos_ids)
+    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree)
+    warm_up(pair, drafter, prompt_ids, args.gamma)
+
+    if not args.quiet:
+        print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
+    spec = drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
+    base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
+    summary = compare(spec, base)
+
+    result = run_dict(args, pair_name, pair, tree, prompt_ids, spec, summary)
+    if base is not None:
+        result.update(baseline_dict(pair, prompt_ids, spec, base, summary))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_human(result)
+    return 0
+
+
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """The run's GenerationConfig and SamplingConfig from the (already checked) flags."""
+    from specviz.core.sampling import SamplingConfig
+    from specviz.core.trace import GenerationConfig
+
+    try:
+        sampling = SamplingConfig(mode=args.mode, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed)
+        return GenerationConfig(max_new_tokens=args.max_new_tokens, gamma=args.gamma, adaptive=args.adaptive,
+                                sampling=sampling)
+    except ValueError as e:  # the checks before should have caught it; keep the one-line promise anyway
+        raise CliError(str(e)) from None
+
+
+def warm_up(pair: Any, drafter: Any, prompt_ids: list[int], gamma: int) -> None:
+    """An untimed run of a few tokens through the target and the drafter (hence the draft model).
+
+    So the first timed run does not pay one-off costs (lazy kernel and allocator set-up, first touches of freshly
+    loaded weights). The baseline then reuses the same, already warm target.
+    """
+    from specviz.core.engine import speculative_generate
+    from specviz.core.progress import drain
+    from specviz.core.trace import GenerationConfig
+
+    warm_ids = prompt_ids[:WARMUP_PROMPT_TOKENS]
+    warm_cfg = GenerationConfig(max_new_tokens=WARMUP_TOKENS, gamma=min(2, gamma), stop_at_eos=False)
+    drain(speculative_generate(pair.target, drafter, pair.tokenizer, warm_ids, warm_cfg, tuple(pair.eos_ids)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the JSON of a run (its rounds are viz/export's round records, the same as the app's trace download)
+
+
+def run_dict(args: argparse.Namespace, pair_name: str, pair: Any, tree: TreeConfig, prompt_ids: list[int],
+             spec: Generation, summary: Comparison) -> dict[str, Any]:
+    """The settings, the speculative run, its rounds and its totals: every key `generate --json` always prints."""
+    from specviz.viz.export import json_float, round_dict
+
+    return {
+        "pair": pair_name,
+        "mode": args.mode,
+        "gamma": args.gamma,
+        "adaptive": args.adaptive,
+        "drafter": spec.drafter,
+        "tree_config": {"budget": tree.budget, "branching": tree.branching, "depth": tree.depth} if args.drafter == "tree" else None,
+        "draft_precision": getattr(pair, "draft_precision", None),
+        "target_precision": getattr(pair, "target_precision", None),
+        "precision_reason": getattr(pair, "precision_reason", None),
+        "bit_exact": getattr(pair, "bit_exact", None),
+        "device": str(getattr(pair, "device", "cpu")),
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt": args.prompt,
+        "prompt_tokens": len(prompt_ids),
+        "text": spec.text,
+        "tokens": list(spec.tokens),
+        "stop_reason": spec.stop_reason,
+        "rounds": [round_dict(r) for r in spec.rounds],
+        "target_calls": spec.target_calls,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "acceptance_rate": json_float(summary.acceptance_drafted, 6),  # accepted ÷ drafted (the key predates the record)
+        "alpha_checked": json_float(summary.alpha_checked, 6),  # Leviathan's α: accepted ÷ checked
+        "tokens_per_target_call": json_float(summary.tokens_per_target_call, 6),
+        "ms_per_token": json_float(summary.ms_per_token, 3),
+        "prefill_ms": json_float(spec.prefill_ms, 3),
+        "decode_ms": json_float(spec.decode_ms, 3),
+    }
+
+
+def baseline_dict(pair: Any, prompt_ids: list[int], spec: Generation, base: Generation,
+                  summary: Comparison) -> dict[str, Any]:
+    """The keys --baseline adds: the target alone, the speed-up, and whether (and where) the two runs part."""
+    from specviz.viz.export import json_float
+
+    return {
+        "baseline": {
+            "tokens": list(base.tokens),
+            "text": base.text,
+            "ms_per_token": json_float(base.ms_per_token, 3),
+            "prefill_ms": json_float(base.prefill_ms, 3),
+            "decode_ms": json_float(base.decode_ms, 3),
+        },
+        "speedup": json_float(summary.speedup, 4),
+        "measured_c": json_float(summary.c, 4),
+        "expected_speedup": json_float(summary.expected_speedup, 4),
+        "verify_steps": json_float(summary.verify_steps, 4),
+        "expected_speedup_measured_verify": json_float(summary.expected_speedup_measured_verify, 4),
+        # greedy speculative decoding must reproduce the target's own tokens exactly; sampled runs
+        # follow the same distribution but not the same draws, so there is nothing to compare (None)
+        "identical_to_baseline": summary.identical,
+        "first_divergence": asdict(summary.divergence) if summary.divergence else None,
+        # where a not-bit-exact target left its own text: the target's top-2 gap there (why it could)
+        "divergence": divergence_dict(pair, prompt_ids, spec, base) if summary.identical is False else None,
+    }
+
+
+def divergence_dict(pair: Any, prompt_ids: list[int], spec: Generation, base: Generation) -> dict[str, Any] | None:
+    """The first position where a greedy speculative run left the target's own text, with the target's top-2 gap there."""
+    from specviz.core.divergence import divergence_with_gap
+    from specviz.viz.export import json_float
+
+    d = divergence_with_gap(pair.target, prompt_ids, spec.tokens, base.tokens)
+    if d is None:
+        return None
+
+    def token(i: int | None) -> dict[str, Any]:
+        return {"id": i, "text": "(ended)" if i is None else pair.tokenizer.decode([i])}
+
+    return {  # the gaps are None where one run had ended there (no pair of tokens to weigh)
+        "position": d.position,
+        "speculative": token(d.speculative_id),
+        "baseline": token(d.baseline_id),
+        "top_ids": None if d.top_ids is None else list(d.top_ids),
+        "top2_gap": json_float(d.top2_gap, 6),
+        "pair_gap": json_float(d.pair_gap, 6),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the human form, printed from the same JSON
+
+
+def print_human(res: dict[str, Any]) -> None:
+    """Text, one line per round, totals."""
+    print("── text " + "─" * 60)
+    print(res["prompt"] + res["text"])
+    print(f"── rounds ({res['drafter']} drafter, γ={res['gamma']}, {res['mode']};"
+          " ✓ accepted, ✗ rejected, · discarded) " + "─" * 8)
+    for r in res["rounds"]:
+        print(round_line(r))
+    print("── totals " + "─" * 58)
+    print_totals(res)
+    if "baseline" in res:
+        print_baseline(res)
+    if res.get("target_precision"):
+        print(f"precision: target {res['target_precision']}, draft {res['draft_precision']}"
+              + ("" if res.get("bit_exact") else " (target not bit-exact here)"))
+
+
+def round_line(r: dict[str, Any]) -> str:
+    """One round: what was drafted and its verdicts, the target's own token, and the round's timings."""
+    return (f"{r['index'] + 1:4d}  {round_marks(r)}  → {_tok(r['next_text'])} ({r['next_origin']})"
+            f"  draft {r['draft_ms']:.1f} ms, verify {r['verify_ms']:.1f} ms")
+
+
+def round_marks(r: dict[str, Any]) -> str:
+    """A round's drafted tokens, each marked ✓ accepted, ✗ the first rejection, · discarded after it (never checked)."""
+    if r.get("tree"):
+        nodes = r["tree"]["nodes"]
+        path = " ".join(_tok(nodes[i]["text"]) + "✓" for i in r["tree"]["path"])
+        count = {v: sum(1 for x in nodes if x["verdict"] == v) for v in ("rejected", "unreached")}
+        return (f"tree of {len(nodes)}: {path or '(no branch kept)'}"
+                f" [{count['rejected']} ✗ rejected, {count['unreached']} · unreached]")
+    if r["draft_tokens"]:
+        n = r["n_accepted"]
+        return " ".join(_tok(t) + ("✓" if i < n else "✗" if i == n else "·") for i, t in enumerate(r["draft_texts"]))
+    return "(no draft)"
+
+
+def print_totals(res: dict[str, Any]) -> None:
+    """Tokens, target calls, acceptance and the speculative run's speed."""
+    drafted, alpha = res["acceptance_rate"], res["alpha_checked"]
+    print(f"tokens: {len(res['tokens'])} (stop: {res['stop_reason']}) in {res['target_calls']} target calls"
+          f" = {res['tokens_per_target_call']:.2f} tokens per target call")
+    print(f"acceptance: {res['accepted']}/{res['drafted']} drafted"
+          + (f" = {drafted:.2f}" if drafted is not None else "")
+          + (f"; Leviathan's α (accepted ÷ checked) = {alpha:.2f}" if alpha is not None else ""))
+    print(f"speculative: {res['ms_per_token']:.1f} ms/token (prefill {res['prefill_ms']:.0f} ms not counted)")
+
+
+def print_baseline(res: dict[str, Any]) -> None:
+    """The target alone: its speed, the speed-up (measured and expected), identity and any divergence."""
+    b = res["baseline"]
+    print(f"baseline (target alone): {b['ms_per_token']:.1f} ms/token")
+    print(speedup_line(res))
+    same = res["identical_to_baseline"]
+    if same is not None:
+        print(f"identical to baseline: {'yes' if same else 'NO'}")
+    d = res.get("divergence")
+    if d:
+        print(f"first divergence at new token {d['position']}: speculative {_tok(d['speculative']['text'])}, "
+              f"target alone {_tok(d['baseline']['text'])}; the target's top-2 logit gap there is "
+              f"{'-' if d['top2_gap'] is None else format(d['top2_gap'], '.2g')} "
+              f"(target precision {res.get('target_precision')} is not bit-exact here)")
+
+
+def speedup_line(res: dict[str, Any]) -> str:
+    """The measured speed-up, and the one expected from α, γ and c (and from the measured verify cost)."""
+    sp, ex, c = res["speedup"], res["expected_speedup"], res["measured_c"]
+    line = f"speed-up: {sp:.2f}x measured" if sp is not None else "speed-up: n/a"
+    if ex is not None:
+        line += f", {ex:.2f}x expected from α, γ and measured c = {c:.3f}"
+    exv = res["expected_speedup_measured_verify"]
+    if exv is not None:
+        line += f" ({exv:.2f}x with the measured verify cost of {res['verify_steps']:.2f} target steps)"
+    return line
+
+
+def _tok(text: str) -> str:
+    """A token's text as printed: quoted, with escapes."""
+    return repr(text)
