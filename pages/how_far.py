@@ -5,10 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from specviz import host
+from specviz.core import drafters
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import encode, preset_buttons, repaired_prompt
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
 from specviz.labs import chain_or_tree, how_far
@@ -79,7 +80,7 @@ def _gamma_picker(s: Settings) -> list[int]:
 
 
 def _plan(cfg: SweepConfig, s: Settings) -> None:
-    who = "prompt lookup (n-gram)" if cfg.drafter == "ngram" else "the small draft model"
+    who = drafters.spec(cfg.drafter).title
     mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g}, seed {cfg.sampling.seed})"
     st.caption(f"Plan: the target alone once, then one speculative run at each γ = {', '.join(map(str, cfg.gammas))} "
                f"({cfg.runs} runs of up to {cfg.max_new_tokens} tokens), drafter: {who}, {mode}. "
@@ -251,7 +252,8 @@ def main() -> None:
     if pair is None:
         return
     prompt = encode(pair, text)
-    problem = prompt.problem(s.max_new_tokens) or (None if gammas else "Choose at least one γ to measure.")
+    problem = (how_far.unsuited(s.drafter) or prompt.problem(s.max_new_tokens)
+               or (None if gammas else "Choose at least one γ to measure."))
     current = None
     if problem:
         st.info(problem, icon=":material/edit:")

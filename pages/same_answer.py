@@ -10,9 +10,11 @@ from specviz import host
 from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
-from specviz.app.sidebar import DRAFTER_TITLES, settings
+from specviz.app.sidebar import settings
+from specviz.core import drafters
+from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE
 from specviz.labs import same_answer
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
@@ -105,7 +107,7 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     variant = _twin_toggle(pair, s)
     key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config, variant)
     problem = prompt.problem(s.max_new_tokens)
-    st.caption(f"{pair.spec.title} · drafter: {DRAFTER_TITLES[s.drafter]} · γ = {s.gamma}"
+    st.caption(f"{pair.spec.title} · drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma}"
                f"{' (adaptive)' if s.adaptive else ''} · {s.max_new_tokens} new tokens · greedy "
                "(the sidebar's pair, drafter, γ and max new tokens)")
     label = "Run both and compare" if not d1 else "Let both write"
@@ -211,15 +213,18 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
 
 def _sampling_controls(s: Settings) -> None:
     d1 = s.level == "d1"
-    lo, hi = same_answer.SAMPLES_RANGE
+    lo, hi = SAMPLES_RANGE
     with st.container(horizontal=True, gap="medium", vertical_alignment="bottom"):
         st.slider("Samples N (per method)" if not d1 else "How many tries", lo, hi, step=100, key=P + "n", width=320,
                   help="More samples find smaller differences, and take longer.")
-        st.slider("Tokens per sample" if not d1 else "Words per try", *same_answer.TOKENS_RANGE, key=P + "tokens", width=220)
+        st.slider("Tokens per sample" if not d1 else "Words per try", *SAMPLE_TOKENS_RANGE, key=P + "tokens", width=220)
     with st.container(horizontal=True, gap="medium", vertical_alignment="center"):
+        unsuited = same_answer.lossy_rule_unsuited(s.drafter)
         st.toggle("Use a WRONG acceptance rule (a lossy shortcut)" if not d1 else "Let the big model be lazy",
-                  key=P + "wrong", help=same_answer.RULE_TITLES["topk"])
-        if ss[P + "wrong"]:
+                  key=P + "wrong", help=unsuited or same_answer.RULE_TITLES["topk"], disabled=bool(unsuited))
+        if unsuited:
+            st.caption(unsuited)
+        elif ss[P + "wrong"]:
             st.slider("k (accept any guess in the target's top k)", *same_answer.TOP_K_RANGE, key=P + "k", width=260)
 
 
@@ -234,7 +239,7 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     where = ("The sidebar is on greedy, so this part uses the sidebar's sampling settings anyway: "
              if s.mode == "greedy" else "Sampling settings from the sidebar: ")
     st.caption(f"{where}temperature {sp.temperature:g}, top-p {sp.top_p:g}, seed {sp.seed} · {pair.spec.title} · "
-               f"drafter: {DRAFTER_TITLES[s.drafter]} · γ = {s.gamma} (fixed here; a sample drafts at most "
+               f"drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma} (fixed here; a sample drafts at most "
                f"{max(1, cfg.n_tokens - 1)} of them) · rule: {same_answer.RULE_TITLES[spec.rule].split(':')[0]}")
     ref_key = ("same_answer.ref", pair.spec.name, prompt.text, cfg)
     spec_key = ("same_answer.spec", pair.spec.name, prompt.text, cfg, spec)

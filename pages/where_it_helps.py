@@ -13,7 +13,7 @@ from specviz.app.pairs import pair_or_message
 from specviz.app import predict
 from specviz.presets import GROUP_TITLES, PRESETS
 from specviz.viz import predict as predict_view
-from specviz.app.settings import Settings
+from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
 from specviz.labs import where_it_helps

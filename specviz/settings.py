@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.core.limits import APP_MAX_NEW_RANGE as MAX_NEW_RANGE  # noqa: F401 (the app's bound on new tokens)
 from specviz.core.limits import GAMMA_RANGE
-from specviz.core.limits import DrafterKind as DrafterName
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.lessons import Level
@@ -25,7 +23,7 @@ class Settings:
 
     level: Level = "d1"  # explanation depth: words and how much is shown, never the run; a fresh visit opens at the story
     pair: str = "qwen-coder"  # named target/draft pair from specviz.models
-    drafter: DrafterName = "model"  # small model drafts a chain or a tree (TreeConfig defaults), or prompt lookup (n-gram)
+    drafter: str = "model"  # a name in the drafter registry (specviz.core.drafters)
     mode: str = "greedy"  # greedy (argmax) or sample
     temperature: float = 0.8  # only used when sampling
     top_p: float = 0.95  # only used when sampling
@@ -71,6 +69,12 @@ def clean_prompt(prompt: str) -> tuple[str, list[str]]:
         prompt = prompt.replace("\x00", "")
         notes.append(f"{n} NUL character{'s' if n != 1 else ''} removed from the prompt.")
     return prompt, notes
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """A prompt's ids as every entry point reads them: raw text with the tokenizer's own special tokens, no chat
+    template (the models continue text); [] for a blank prompt."""
+    return list(tokenizer(text)["input_ids"]) if text.strip() else []
 
 
 def prompt_problem(prompt: str, n_prompt_tokens: int, context_length: int, max_new_tokens: int) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from specviz.app.settings import MAX_PROMPT_CHARS
+from specviz.settings import MAX_PROMPT_CHARS
 from tests.test_app_watch import APP, ShellAppTest, html, make_app, no_exception, play_to_end, texts
 
 

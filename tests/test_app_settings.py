@@ -9,11 +9,12 @@ import time
 import pytest
 
 from specviz import lessons
-from specviz.core.trace import GAMMA_RANGE
-from specviz.app.runner import PairStore, Runner, RunnerBusy
+from specviz.core.limits import GAMMA_RANGE
+from specviz.serve.worker import PairStore, Runner, RunnerBusy
 from specviz.core.progress import Progress
 from specviz.presets import PRESETS, get_preset, presets_in
-from specviz.app.settings import DEFAULTS, Settings, parse_query, prompt_problem, to_query
+from specviz.app.settings import parse_query, to_query
+from specviz.settings import DEFAULTS, Settings, prompt_problem
 
 PAIRS = ("qwen-coder", "smollm2-135m", "tiny-random")
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specviz import cli
-from specviz.app.settings import clean_prompt
+from specviz.settings import clean_prompt
 from tests.test_app_watch import XSS, html, make_app, no_exception, play_to_end, texts
 
 # prompts pupils type that are odd but legal: each must run and come back as the same text

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from specviz.bench import timing
 from specviz.labs import busy
 from specviz.labs import why_cheap as vc
-from specviz.serve.measure import BatchConfig, BatchReport, SizeResult, batch_steps, report_from_dict
+from specviz.bench.batch import BatchConfig, BatchReport, SizeResult, batch_steps, report_from_dict
 from specviz.viz import predict as predict_view
 from specviz.viz import why_cheap as why_cheap_view
 from tests.test_verify_cost import _drain
@@ -164,8 +165,8 @@ def test_a_size_past_the_time_limit_is_not_started_and_the_report_says_why(tiny)
 
 
 def test_a_size_that_would_not_fit_in_memory_is_not_started(tiny) -> None:
-    one = vc.batch_bytes(tiny.target.config, 1, 5, 200) + vc.batch_bytes(tiny.draft.config, 1, 1, 200)
+    one = timing.batch_bytes(tiny.target.config, 1, 5, 200) + timing.batch_bytes(tiny.draft.config, 1, 1, 200)
     cfg = BatchConfig(sizes=(1, 16), max_new_tokens=4, repeats=1)
-    _, report = _drain(batch_steps(tiny, "tiny-random", cfg, available=lambda d: vc.MEMORY_RESERVE + 4 * one))
+    _, report = _drain(batch_steps(tiny, "tiny-random", cfg, available=lambda d: timing.MEMORY_RESERVE + 4 * one))
     assert [s.batch for s in report.sizes] == [1] and "batch 16 would need" in report.stopped
     assert report.sizes[0].identical and report.kv_bytes_per_token > 0 and report.weight_bytes > 0

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specviz.app.settings import MAX_PROMPT_CHARS, Settings, cut_long_prompt
+from specviz.app.settings import cut_long_prompt
+
+from specviz.settings import MAX_PROMPT_CHARS, Settings
 from specviz.core.trace import Generation, GenerationConfig, RoundTrace
 from specviz.labs import how_far, why_cheap
 from specviz.labs.how_far import GammaPoint

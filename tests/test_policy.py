@@ -12,8 +12,10 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from specviz.app import policy
 from specviz.app.policy import PAIR_REFUSED, Policy, load_policy, settings_from_link, visitor_message
-from specviz.app.runner import OwnerBusy, Runner
-from specviz.app.settings import DRAFTERS, MAX_NEW_RANGE, QUERY_KEYS, shown
+from specviz.serve.worker import OwnerBusy, Runner
+from specviz.app.settings import QUERY_KEYS, shown
+from specviz.core.limits import APP_MAX_NEW_RANGE
+from specviz.core import drafters
 from specviz.models import PAIR_NAMES, PairError, fit, load_pair
 
 NAMED = PAIR_NAMES
@@ -45,7 +47,7 @@ def open_policy(**kw: object) -> Policy:
 def test_a_plain_server_offers_only_the_named_pairs():
     rules, problems = load_policy(NAMED, {}, {}, [])
     assert rules.pairs == NAMED and not rules.classroom and problems == []
-    assert rules.max_new_range == MAX_NEW_RANGE and rules.drafters == DRAFTERS
+    assert rules.max_new_range == APP_MAX_NEW_RANGE and rules.drafters == drafters.names()
 
 
 def test_the_operator_allows_pairs_by_environment_secrets_and_arguments():
@@ -74,7 +76,7 @@ def test_bad_operator_settings_fall_back_safely_and_are_logged():
            policy.ENV_DRAFTERS: "oracle", policy.ENV_WAITING: "1000"}
     rules, problems = load_policy(NAMED, env, {"specviz": "not a table"})
     assert rules.classroom and rules.pair is None and rules.pairs == NAMED  # a pair nobody allowed is never fixed
-    assert rules.max_new_tokens == MAX_NEW_RANGE[1] and rules.drafters == DRAFTERS
+    assert rules.max_new_tokens == APP_MAX_NEW_RANGE[1] and rules.drafters == drafters.names()
     assert rules.waiting_per_browser == policy.WAITING_RANGE[1]
     assert len(problems) == 4
 
@@ -149,7 +151,7 @@ QUERY_VALUES = st.one_of(st.text(max_size=60), st.sampled_from([*HOSTILE_PAIRS.v
        classroom=st.booleans())
 def test_any_query_string_gives_settings_inside_the_policy(params, classroom):
     rules = open_policy(classroom=classroom, pair="tiny-random" if classroom else None, max_new_tokens=32 if classroom
-                        else MAX_NEW_RANGE[1], drafters=("model",) if classroom else DRAFTERS)
+                        else APP_MAX_NEW_RANGE[1], drafters=("model",) if classroom else drafters.names())
     got, notes = settings_from_link(params, rules, "qwen-coder")
     assert got.pair in rules.pairs and got.drafter in rules.drafters
     assert rules.max_new_range[0] <= got.max_new_tokens <= rules.max_new_range[1]

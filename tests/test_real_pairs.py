@@ -3,7 +3,8 @@
 import pytest
 
 from specviz.core.progress import drain
-from specviz.core.drafters import ModelDrafter, NgramDrafter
+from specviz.core.drafters.model import ModelDrafter
+from specviz.core.drafters.ngram import NgramDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import GenerationConfig
 from specviz.models import load_pair

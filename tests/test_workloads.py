@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
+from specviz.core import drafters
 from specviz.bench import harness as bench
 from specviz.bench import report
 from specviz import models
@@ -102,6 +103,7 @@ ALL = ("spec-g2", "spec-g4", "spec-g8", "spec-adaptive", "ngram")
 @pytest.mark.parametrize("drafter,gamma,adaptive,methods,want", [
     ("model", 8, False, ALL, "spec-g8"), ("model", 5, False, ALL, "spec-g4"), ("model", 4, True, ALL, "spec-adaptive"),
     ("ngram", 4, False, ALL, "ngram"), ("model", 3, True, ("spec-g2", "spec-g4"), "spec-g4"),
+    ("tree", 4, False, ALL + ("spec-tree",), "spec-tree"), ("tree", 8, False, ALL, "spec-g8"),
 ])
 def test_default_method_is_the_closest_to_the_sidebar(drafter, gamma, adaptive, methods, want):
     assert where_it_helps.default_method(methods, drafter, gamma, adaptive) == want
@@ -146,7 +148,9 @@ def test_method_words_say_the_settings():
                                sampling=SamplingConfig(mode="sample", temperature=0.7))
     words = where_it_helps.method_words("model", sampled)
     assert "adaptive γ ≤ 6" in words and "T = 0.7" in words and "32" in words
-    assert "prompt-lookup" in where_it_helps.method_words("ngram", GenerationConfig())
+    assert drafters.spec("ngram").title in where_it_helps.method_words("ngram", GenerationConfig())
+    tree = where_it_helps.method_words("tree", GenerationConfig())
+    assert drafters.spec("tree").title in tree and "γ" not in tree  # γ does not size a tree
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Busy servers, measured: real batched runs at B = 1…16 (serve.measure), shipped recordings, and the words each figure earns."""
+"""Busy servers, measured: real batched runs at B = 1…16 (bench.batch), shipped recordings, and the words each figure earns."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specviz.labs.why_cheap import Reference
-from specviz.serve.measure import BatchConfig, BatchReport, report_from_dict
+from specviz.bench.batch import BatchConfig, BatchReport, report_from_dict
 from specviz.settings import Settings
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"

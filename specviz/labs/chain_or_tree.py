@@ -7,14 +7,15 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specviz.settings import encode_prompt
 from specviz.core import metrics
-from specviz.core.drafters import make_drafter
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.limits import GAMMA_RANGE
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import Generation, GenerationConfig
-from specviz.core.tree import BRANCHING_RANGE, DEPTH_RANGE, TreeConfig
+from specviz.core.drafters.tree import BRANCHING_RANGE, DEPTH_RANGE, TreeConfig
 from specviz.presets import get_preset
 
 PRESETS = ("code", "story")  # predictable (the draft is sure for many tokens) and creative (it often is not)
@@ -108,7 +109,7 @@ def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, Sha
     budget, eos, total = config.max_new_tokens, tuple(pair.eos_ids), config.max_new_tokens * config.runs
     done, base_ms, points = 0, {}, []
     for preset in config.presets:
-        ids = list(pair.tokenizer(get_preset(preset).prompt)["input_ids"])
+        ids = encode_prompt(pair.tokenizer, get_preset(preset).prompt)
         yield Progress(done, total, f"{preset}: target alone…")
         baseline = yield from with_progress(
             autoregressive_generate(pair.target, pair.tokenizer, ids, config.chain(GAMMA_RANGE[0]), eos),
@@ -117,8 +118,8 @@ def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, Sha
         done += budget
         for n in config.sizes:
             for shape in SHAPES:
-                drafter = make_drafter("tree", pair.draft, tree=config.tree(n)) if shape == "tree" else \
-                    make_drafter("model", pair.draft)
+                drafter = drafters.build("tree", pair.draft, tree=config.tree(n)) if shape == "tree" else \
+                    drafters.build("model", pair.draft)
                 gen = yield from with_progress(
                     speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.chain(n), eos),
                     done, total, f"{preset}: {shape} of {n}", budget)

@@ -9,14 +9,14 @@ from typing import Any
 
 from specviz.settings import Settings
 from specviz.core import metrics
-from specviz.core.drafters import make_drafter
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.metrics import VerifyFit, speedup_with_verify_cost, verify_steps_by_size
 from specviz.core.limits import GAMMA_RANGE, check_gamma
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
-from specviz.settings import MAX_NEW_RANGE
+from specviz.core.limits import APP_MAX_NEW_RANGE
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
@@ -29,20 +29,23 @@ class SweepConfig:
 
     pair: str  # model pair name (the runner shares jobs between pupils by this key)
     prompt: str  # raw text the models continue
-    drafter: str  # "model" or "ngram" (the sidebar's drafter)
+    drafter: str  # a name in the drafter registry whose rounds γ sizes (the sidebar's drafter; see `unsuited`)
     gammas: tuple[int, ...]  # the draft lengths measured, sorted and unique
     max_new_tokens: int  # per run (EOS may stop a run earlier)
     sampling: SamplingConfig  # the sidebar's decoding: the same for the baseline and every γ
 
     def __post_init__(self) -> None:
+        reason = unsuited(self.drafter)
+        if reason:
+            raise ValueError(reason)
         if not self.gammas:
             raise ValueError("choose at least one γ to measure")
         for g in self.gammas:
             check_gamma(g)
         if tuple(sorted(set(self.gammas))) != self.gammas:
             raise ValueError(f"γ values must be sorted and unique, got {self.gammas} (use make_sweep_config)")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_RANGE[1]:  # the app's bound, held here on the server too
-            raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {self.max_new_tokens}")
+        if not 1 <= self.max_new_tokens <= APP_MAX_NEW_RANGE[1]:  # the app's bound, held here on the server too
+            raise ValueError(f"max new tokens must be in 1..{APP_MAX_NEW_RANGE[1]}, got {self.max_new_tokens}")
 
     def spec_config(self, gamma: int) -> GenerationConfig:
         """Fixed γ, never adaptive: the lab asks what each γ does on its own."""
@@ -54,6 +57,16 @@ class SweepConfig:
     @property
     def runs(self) -> int:
         return 1 + len(self.gammas)
+
+
+def unsuited(drafter: str) -> str | None:
+    """Why a γ sweep says nothing about this drafter (None: it applies), in words the page shows instead of a chart."""
+    kind = drafters.spec(drafter)
+    if kind.gamma_applies:
+        return None
+    return (f"A γ sweep does not apply to the {kind.title}: γ does not set how far it guesses (its size per round is "
+            f"its own), so every γ would measure the same run. Choose a chain drafter in the sidebar for this lab; "
+            f"the *Chain or tree* lab measures trees by their size.")
 
 
 def make_sweep_config(pair: str, prompt: str, drafter: str, gammas: Sequence[int], max_new_tokens: int,
@@ -225,7 +238,7 @@ def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Ge
     runs: list[tuple[int, Generation]] = []
     for i, gamma in enumerate(config.gammas, start=1):
         yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
-        drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None)
+        drafter = drafters.build(config.drafter, pair.draft, pair.target)
         gen = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
             budget * i, total, f"γ = {gamma}", budget)

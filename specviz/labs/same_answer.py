@@ -16,12 +16,14 @@ from scipy.stats import chisquare
 from specviz.settings import Settings, bounded
 from specviz.core import divergence
 from specviz.core.divergence import first_divergence
-from specviz.core.drafters import Drafter, ModelDrafter, NgramDrafter, make_drafter
+from specviz.core import drafters
+from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
-from specviz.core.rounds import Steps, TokenTexts, solo
-from specviz.core.trace import GAMMA_RANGE, GenerationConfig
+from specviz.core.rounds import Drafter, Scored, Steps, TokenTexts, solo
+from specviz.core.limits import GAMMA_RANGE
+from specviz.core.trace import GenerationConfig
 from specviz.core.kv import CachedLM
-from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_samples  # noqa: F401 (the page's ranges)
+from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_samples
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, draft_q, logits_to_probs
 from specviz.models.precision import batch_variant_twin
@@ -30,7 +32,6 @@ RULE_TITLES: dict[str, str] = {
     "exact": "exact rule: accept with min(1, p/q), correct from the residual",
     "topk": "wrong rule: accept whenever the target ranks the guess in its top k, correct from p",
 }
-TOKENS_RANGE = SAMPLE_TOKENS_RANGE  # how many next tokens one sample is made of (the page's slider)
 TOP_K_RANGE = (1, 10)  # the wrong rule's k: beyond 10 the shortcut barely differs from "accept everything"
 MIN_EXPECTED = 5.0  # chi-square bins need this many expected draws; rarer sequences pool into "other"
 MAX_BINS = 400  # enough for 5000 draws at 5 expected each (the test stays valid, the enumeration bounded)
@@ -122,7 +123,7 @@ def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str, config: Gener
     if batch_variant:
         yield Progress(0, 2 * config.max_new_tokens, "making the target's int8 twin (first time only)…")
         target = batch_variant_twin(pair.target)
-    made = make_drafter(drafter, pair.draft, adaptive=config.adaptive)
+    made = drafters.build(drafter, pair.draft, pair.target, adaptive=config.adaptive)
     return (yield from greedy_comparison(target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids,
                                          batch_variant))
 
@@ -139,7 +140,7 @@ class PrefixMemo:
     what the model and the sampling transform compute anyway (memoising changes no probability,
     only the cost); every random draw and accept decision is still made per sample. Misses reuse
     the prompt's keys and values through a CachedLM. Least recently used rows go first past
-    `max_bytes`. It is the engine's TargetProbs for the target, and the memo of q for the draft.
+    `max_bytes`. Read through `MemoTarget` it is the engine's TargetProbs, and it is the memo of q for the draft.
     """
 
     def __init__(self, model: torch.nn.Module, transform: Callable[[torch.Tensor], torch.Tensor],
@@ -153,10 +154,6 @@ class PrefixMemo:
         self.hits = 0
         self.misses = 0
 
-    def prefill(self, ids: Sequence[int]) -> Steps[None]:
-        """Nothing to do: rows are computed on first use (the engine calls this once per sample)."""
-        yield from ()
-
     def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
         """Rows (n_last, V) for the last n_last prefixes of `ids`: transform(CachedLM.logits) of each."""
         ids = tuple(ids)
@@ -166,7 +163,7 @@ class PrefixMemo:
         self.hits += n_last - len(missing)
         if missing:
             first = missing[0]
-            fresh = yield self.lm.feed(ids, n_last - first)  # (n_last - first, V): one pass from the first miss on
+            fresh = (yield self.lm.feed(ids, n_last - first)).logits  # (n_last - first, V): one pass from the first miss on
             self.misses += len(missing)
             for j in range(first, n_last):
                 row = fresh[j - first]
@@ -187,6 +184,44 @@ class PrefixMemo:
             self.bytes -= old.element_size() * old.nelement()
 
 
+class MemoTarget:
+    """The engine's TargetProbs read from a memo of p: chains and trees alike, one row per prefix (no hidden states: no
+    drafter here reads them)."""
+
+    def __init__(self, memo: PrefixMemo) -> None:
+        self.memo = memo
+
+    def prefill(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Steps[tuple[torch.Tensor, ...]]:
+        """Nothing to do: rows are computed on first use (the engine calls this once per sample)."""
+        _no_features(layers)
+        yield from ()
+        return ()
+
+    def probs(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        _no_features(layers)
+        return Scored((yield from self.memo.probs(ids, n_last)))
+
+    def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        """p after the last id and after every node: the row of each node's own prefix (ids, then its branch)."""
+        _no_features(layers)
+        branches: list[list[int]] = []
+        for tok, par in zip(tokens, parents):
+            branches.append((branches[par] if par >= 0 else []) + [tok])
+        rows = [(yield from self.memo.probs(ids, 1))[0]]
+        for branch in branches:
+            rows.append((yield from self.memo.probs(list(ids) + branch, 1))[0])
+        return Scored(torch.stack(rows))
+
+    def commit(self, path: Sequence[int]) -> None:
+        pass  # rows are kept by prefix: nothing to keep or drop
+
+
+def _no_features(layers: tuple[int, ...]) -> None:
+    if layers:
+        raise ValueError("the memo of p keeps no hidden states: a drafter that reads the target's features cannot use it")
+
+
 def target_memo(target: torch.nn.Module, sampling: SamplingConfig, max_bytes: int = MEMO_BYTES) -> PrefixMemo:
     """The target's p per prefix, processed exactly as the engine processes it (logits_to_probs)."""
     return PrefixMemo(target, lambda row: logits_to_probs(row, sampling), max_bytes, sampling)
@@ -200,6 +235,17 @@ def draft_memo(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: int
 def memo_drafter(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: int) -> ModelDrafter:
     """The real ModelDrafter (no confidence stop), reading q from a memo shared by every sample of one prompt."""
     return ModelDrafter(draft, q_memo=draft_memo(draft, sampling, vocab_size))
+
+
+def sampling_drafter(name: str, draft: torch.nn.Module | None, target: torch.nn.Module, sampling: SamplingConfig,
+                     vocab_size: int) -> Drafter:
+    """The sidebar's drafter for thousands of samples of one prompt: the draft model's chain or tree reading q from a
+    memo shared by every sample (the same rows, computed once); any other kind as the registry builds it."""
+    kind = drafters.spec(name)
+    if kind.needs_draft_model and draft is None:
+        raise ValueError(f"this pair has no draft model, which the {kind.title} needs; choose another drafter")
+    memo = draft_memo(draft, sampling, vocab_size) if kind.needs_draft_model else None  # type: ignore[arg-type]
+    return drafters.build(name, draft, target, q_memo=memo)
 
 
 # ------------------------------------------------------------------------------------------
@@ -226,7 +272,7 @@ class SpecConfig:
     """How the speculative samples are made (the rule is the lesson's toggle)."""
 
     gamma: int = 4  # draft length; a sample only ever needs min(γ, tokens) of it
-    drafter: str = "model"  # "model" or "ngram"
+    drafter: str = "model"  # a name in the drafter registry
     rule: RuleName = "exact"
     top_k: int = 3  # only for the "topk" rule
 
@@ -236,6 +282,8 @@ class SpecConfig:
             raise ValueError(f"gamma must be in {lo}..{hi}, got {self.gamma}")
         if self.rule == "topk" and not TOP_K_RANGE[0] <= self.top_k <= TOP_K_RANGE[1]:
             raise ValueError(f"k must be in {TOP_K_RANGE[0]}..{TOP_K_RANGE[1]}, got {self.top_k}")
+        if self.rule != "exact" and (reason := lossy_rule_unsuited(self.drafter)):
+            raise ValueError(reason)
 
 
 @dataclass(frozen=True)
@@ -342,7 +390,7 @@ def reference_job(target: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 0, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=cfg.n_tokens, gamma=1, sampling=replace(cfg.sampling, seed=seed),
                               trace_top_n=1, stop_at_eos=False)
-        g = drain(autoregressive_generate(target, tokenizer, prompt_ids, gc, (), target_probs=memo))
+        g = drain(autoregressive_generate(target, tokenizer, prompt_ids, gc, (), target_probs=MemoTarget(memo)))
         seqs.append(g.tokens[: cfg.n_tokens])
         if (i + 1) % _every(cfg.n_samples) == 0:
             yield Progress(i + 1, cfg.n_samples, f"target alone: {i + 1}/{cfg.n_samples} samples")
@@ -361,20 +409,14 @@ def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, toke
         raise ValueError("the prompt is empty")
     vocab = target.config.vocab_size
     memo = target_memo(target, cfg.sampling)
-    drafter: Drafter
-    if spec.drafter == "model":
-        if draft is None:
-            raise ValueError("this pair has no draft model; choose the n-gram drafter")
-        drafter = memo_drafter(draft, cfg.sampling, vocab)
-        memos = [memo, drafter.q_memo]
-    else:
-        drafter, memos = NgramDrafter(), [memo]
+    drafter = sampling_drafter(spec.drafter, draft, target, cfg.sampling, vocab)
+    memos = [memo] + [m for m in (getattr(drafter, "q_memo", None),) if isinstance(m, PrefixMemo)]
     rule = acceptance_rule(spec.rule, spec.top_k)
     t0, seqs, drafted, accepted = time.perf_counter(), [], 0, 0
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 1, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=max(2, cfg.n_tokens), gamma=spec.gamma, sampling=replace(cfg.sampling, seed=seed),
                               trace_top_n=1, stop_at_eos=False)
-        g = drain(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=memo))
+        g = drain(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=MemoTarget(memo)))
         seqs.append(g.tokens[: cfg.n_tokens])
         drafted += g.drafted
         accepted += g.accepted
@@ -416,11 +458,23 @@ def sample_config(s: Settings, n_samples: int, n_tokens: int) -> SampleConfig:
     sampling = SamplingConfig("sample", temperature=s.temperature, top_p=s.top_p, seed=s.seed)
     # the widgets' ranges, held again here whatever the browser sent
     return SampleConfig(sampling, n_samples=bounded(n_samples, *SAMPLES_RANGE, SAMPLES_RANGE[0]),
-                        n_tokens=bounded(n_tokens, *TOKENS_RANGE, TOKENS_RANGE[0]))
+                        n_tokens=bounded(n_tokens, *SAMPLE_TOKENS_RANGE, SAMPLE_TOKENS_RANGE[0]))
+
+
+def lossy_rule_unsuited(drafter: str) -> str | None:
+    """Why the lossy rule cannot be tried with this drafter (None: it can), in words the page shows by its toggle."""
+    kind = drafters.spec(drafter)
+    if kind.shape == "chain":
+        return None
+    return (f"The wrong rule is a rule for a chain of guesses. The {kind.title} is checked by its own walk down the "
+            f"tree, which is always the exact one here, so this switch is off. Choose a chain drafter in the sidebar "
+            f"to watch a lossy rule get caught.")
 
 
 def spec_config(s: Settings, wrong: bool, top_k: int) -> SpecConfig:
-    """The speculative samples the page asks for: the sidebar's γ and drafter, the exact rule or the lossy one."""
+    """The speculative samples the page asks for: the sidebar's γ and drafter, the exact rule or the lossy one
+    (the exact one where the drafter's rounds have no other: `lossy_rule_unsuited`)."""
+    wrong = wrong and lossy_rule_unsuited(s.drafter) is None
     k = bounded(top_k, *TOP_K_RANGE, TOP_K_RANGE[0]) if wrong else 0
     return SpecConfig(gamma=s.gamma, drafter=s.drafter, rule="topk" if wrong else "exact", top_k=k)
 

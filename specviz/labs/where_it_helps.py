@@ -13,12 +13,13 @@ from typing import Any, Literal
 from specviz.core import metrics
 from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME
 from specviz.bench.report import safe_name
-from specviz.core.drafters import make_drafter
+from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
-from specviz.settings import MAX_NEW_RANGE, Settings, prompt_problem
+from specviz.settings import Settings, encode_prompt, prompt_problem
+from specviz.core.limits import APP_MAX_NEW_RANGE
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -74,15 +75,15 @@ class WorkloadsConfig:
     """One "run now" measurement; frozen and hashable, so it is the runner's cache key."""
 
     pair: str
-    drafter: str  # "model" or "ngram"
+    drafter: str  # a name in the drafter registry (the sidebar's drafter)
     spec: GenerationConfig  # the sidebar's speculative settings (γ, adaptive, decoding, max new tokens)
     baseline: GenerationConfig  # the same decoding, target alone
     presets: tuple[Preset, ...] = PRESETS  # the workloads, in display order
 
     def __post_init__(self) -> None:
         for cfg in (self.spec, self.baseline):  # the app's bound, held here on the server too
-            if cfg.max_new_tokens > MAX_NEW_RANGE[1]:
-                raise ValueError(f"max new tokens must be in 1..{MAX_NEW_RANGE[1]}, got {cfg.max_new_tokens}")
+            if cfg.max_new_tokens > APP_MAX_NEW_RANGE[1]:
+                raise ValueError(f"max new tokens must be in 1..{APP_MAX_NEW_RANGE[1]}, got {cfg.max_new_tokens}")
 
     @property
     def runs(self) -> int:
@@ -119,8 +120,12 @@ def _row(preset: Preset, spec: Generation, baseline: Generation) -> WorkloadRow:
 
 def method_words(drafter: str, spec: GenerationConfig) -> str:
     """The speculative settings of a run, in a few words."""
-    who = "prompt-lookup drafter" if drafter == "ngram" else "model drafter"
-    gamma = f"adaptive γ ≤ {spec.gamma}" if spec.adaptive else f"γ = {spec.gamma}"
+    kind = drafters.spec(drafter)
+    who = f"drafter: {kind.title}"
+    if not kind.gamma_applies:
+        gamma = "its own size per round"
+    else:
+        gamma = f"adaptive γ ≤ {spec.gamma}" if spec.adaptive else f"γ = {spec.gamma}"
     mode = "greedy" if spec.sampling.greedy else f"sampling T = {spec.sampling.temperature:g}"
     return f"speculative, {who}, {gamma}, {mode}, up to {spec.max_new_tokens} new tokens"
 
@@ -135,7 +140,7 @@ def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, No
     for i, preset in enumerate(config.presets):
         done = 2 * budget * i
         yield Progress(done, total, f"{preset.title}: target alone…")
-        ids = list(pair.tokenizer(preset.prompt)["input_ids"])
+        ids = encode_prompt(pair.tokenizer, preset.prompt)
         problem = prompt_problem(preset.prompt, len(ids), pair.context_length, budget)
         if problem:
             skipped.append(f"{preset.title}: {problem}")
@@ -144,8 +149,7 @@ def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, No
             autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
             done, total, f"{preset.title}, target alone", budget)
         yield Progress(done + budget, total, f"{preset.title}: speculative…")
-        drafter = make_drafter(config.drafter, pair.draft if config.drafter == "model" else None,
-                               adaptive=config.spec.adaptive)
+        drafter = drafters.build(config.drafter, pair.draft, pair.target, adaptive=config.spec.adaptive)
         spec = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
             done + budget, total, f"{preset.title}, speculative", budget)
@@ -241,7 +245,9 @@ def read_bench(path: Path) -> BenchFile:
 
 def default_method(methods: Sequence[str], drafter: str, gamma: int, adaptive: bool) -> str | None:
     """The benchmark method closest to the sidebar's settings (γ = 4 when nothing closer was measured)."""
-    wanted = ["ngram"] if drafter == "ngram" else []
+    # a drafter whose rounds γ does not size (a tree, a lookup) has the bench's one method of its kind
+    wanted = [m for m in methods if m in METHODS_BY_NAME and METHODS_BY_NAME[m].drafter == drafter
+              and drafters.spec(drafter).length == "variable"]
     wanted += ["spec-adaptive"] if adaptive else [f"spec-g{gamma}"]
     wanted += ["spec-g4"]
     return next((m for m in wanted if m in methods), methods[0] if methods else None)
