@@ -8,7 +8,7 @@ import pytest
 
 from specviz import cli
 from specviz.settings import clean_prompt
-from tests.test_app_watch import XSS, html, make_app, no_exception, play_to_end, texts
+from tests.test_page_watch import XSS, html, make_app, no_exception, play_to_end, texts
 
 # prompts pupils type that are odd but legal: each must run and come back as the same text
 ODD_PROMPTS = {

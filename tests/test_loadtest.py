@@ -61,7 +61,7 @@ def test_cli_refuses_bad_loadtest_arguments(capsys):
 def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
     from specviz.app import jobs
     from specviz.serve.worker import RunnerBusy
-    from tests.test_app_watch import make_app, no_exception, texts
+    from tests.test_page_watch import make_app, no_exception, texts
 
     at = make_app(prompt="a prompt nobody else runs in these tests")
     at.run()

@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz.app.jobs import runner
-from tests.test_app_watch import XSS, no_exception, texts, open_page as open_app_page, set_settings
+from tests.test_page_watch import XSS, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/same_answer.py"
 

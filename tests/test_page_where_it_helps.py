@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 from specviz import host, models
 from specviz.app import jobs
 from specviz.labs import where_it_helps
-from tests.test_app_watch import no_exception, texts, open_page as open_app_page, set_settings
+from tests.test_page_watch import no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/where_it_helps.py"
 

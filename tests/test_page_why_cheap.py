@@ -13,7 +13,7 @@ from specviz.bench import timing
 from specviz.app import jobs
 from specviz.labs import busy
 from specviz.labs import why_cheap as vc
-from tests.test_app_watch import html, no_exception, texts, open_page as open_app_page
+from tests.test_page_watch import html, no_exception, texts, open_page as open_app_page
 
 PAGE = "pages/why_cheap.py"
 

@@ -1,4 +1,4 @@
-"""What a class sees (issue 13): the text in view, long pastes, numbers said from the data, predictions answered."""
+"""What a class sees in viz/ and the labs' words: the text in view, long pastes, numbers said from the data, predictions answered."""
 
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def test_the_int8_draft_keeps_its_down_projections_in_fp32():
 
 @pytest.mark.real
 def test_smollm2_int8_draft_overlaps_its_target_more_than_with_every_linear_in_int8():
-    """Σmin(p, q) at T 0.8 on the story preset, along the target's own continuation (issue 13, point 4)."""
+    """Σmin(p, q) at T 0.8 on the story preset, along the target's own continuation."""
     import copy
 
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specviz.core.trace import RoundTrace, TreeNode, TreeTrace
 from specviz.viz.tree import tree_html
-from tests.test_app_watch import XSS, html, make_app, no_exception, play_to_end, texts
+from tests.test_page_watch import XSS, html, make_app, no_exception, play_to_end, texts
 
 
 def _node(token, text, parent, depth, verdict, tried=True):

@@ -279,7 +279,7 @@ def _drafted_pills(at: AppTest):
 
 
 def test_the_chosen_token_pill_stays_chosen_and_switching_shows_that_tokens_rule():
-    """Clicking the chosen pill again must not empty the p/q table (issue 13.6): the pills are required."""
+    """Clicking the chosen pill again must not empty the p/q table: the pills are required."""
     at = play_to_end(make_app(level="d5"))
     for _ in range(40):  # the last round may have drafted nothing (the length limit): step back to one that did
         if _drafted_pills(at):

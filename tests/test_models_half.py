@@ -143,8 +143,8 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_
     First start: `prepare` from an empty cache, so the GGUF is verified and each compact form is built tensor by
     tensor before the models load (measured 4.45-4.53 GB here, 9.3 GB when a build held the whole fp32 model);
     later start: the CLI run with its baseline from that cache (4.44-4.45 GB), at most 4.5 GB (10^9 bytes), loading
-    included; the cache at most 5.5 GB. The first start's 4.5 GB target is not met reliably yet (issue 34 stays
-    open): its bound here, FIRST_START_BOUND, guards the streaming build against a return of the 9 GB peak."""
+    included; the cache at most 5.5 GB. The first start's 4.5 GB target is not met reliably yet: its bound
+    here, FIRST_START_BOUND, guards the streaming build against a return of the 9 GB peak."""
     cache = tmp_path / "cache"
     cache.mkdir()
     try:

@@ -1,11 +1,11 @@
-"""AppTest of issue 13's page behaviour on the tiny pair: long pastes, a fresh visit at D1, predictions answered."""
+"""AppTest of what a class meets on the pages (tiny pair): long pastes, a fresh visit at D1, predictions answered."""
 
 from __future__ import annotations
 
 import time
 
 from specviz.settings import MAX_PROMPT_CHARS
-from tests.test_app_watch import APP, ShellAppTest, html, make_app, no_exception, play_to_end, texts
+from tests.test_page_watch import APP, ShellAppTest, html, make_app, no_exception, play_to_end, texts
 
 
 def test_a_fresh_visit_opens_at_the_story_level():

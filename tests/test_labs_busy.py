@@ -14,7 +14,7 @@ from specviz.labs import why_cheap as vc
 from specviz.bench.batch import BatchConfig, BatchReport, SizeResult, batch_steps, report_from_dict
 from specviz.viz import predict as predict_view
 from specviz.viz import why_cheap as why_cheap_view
-from tests.test_verify_cost import _drain
+from tests.test_labs_why_cheap import _drain
 
 NUMBER = re.compile(r"\d+\.\d\d")
 
