@@ -29,7 +29,7 @@ from specviz.labs.why_cheap import (
 from specviz.viz import why_cheap as why_cheap_view
 
 P = "why_cheap."  # session_state prefix of this page
-GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --batches 1,2,4,8,16,32,64,128 --json "
+GPU_COMMAND = ("python -m specviz why-cheap --pair qwen-coder --device cuda --json "
                "--note 'GPU name, date' > assets/verify_cost_gpu.json")
 ss = st.session_state
 
@@ -285,8 +285,7 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
         st.caption(f"Saved as `{GPU_FIGURES.name}` in `assets/`, the GPU curves appear in the charts above next to "
                    "this machine's.")
         return
-    parts = [p for p in (reference.pass_cost, reference.batch_effect) if p is not None]
-    machine = parts[0].machine if parts else None
+    machine = reference.pass_cost.machine if reference.pass_cost is not None else None
     st.markdown(f"#### A second machine: {machine.name if machine else 'a GPU'}")
     st.success(f"Measured with the same code on {machine.name if machine else 'a GPU'} "
                f"({reference.note or 'no note'}); drawn in orange in the charts above.",

@@ -319,6 +319,7 @@ def test_an_index_or_a_config_alone_gives_an_estimate(tmp_path):
 def test_lab_configs_refuse_sizes_beyond_their_ranges():
     from specviz.core.sampling import SamplingConfig
     from specviz.core.trace import GenerationConfig
+    from specviz.bench import batch
     from specviz.labs import how_far, same_answer, where_it_helps, why_cheap
 
     sampling = SamplingConfig("sample", temperature=0.8, top_p=0.95, seed=0)
@@ -334,7 +335,7 @@ def test_lab_configs_refuse_sizes_beyond_their_ranges():
     with pytest.raises(ValueError):
         why_cheap.PassCostConfig(repeats=10**6)
     with pytest.raises(ValueError):
-        why_cheap.BatchConfig(repeats=10**6)
+        batch.BatchConfig(repeats=10**6)
 
 
 def test_the_app_starts_on_the_light_pair_where_the_default_does_not_fit():

@@ -62,30 +62,13 @@ def test_speedup_at_cost_generalises_leviathan():
     assert metrics.expected_speedup_at_cost(0.8, 4, 0.1, 3.0) < metrics.expected_speedup_at_cost(0.8, 4, 0.1, 2.0)
 
 
-def test_batch_effect_speedup_uses_measured_ratio_and_scaled_c():
-    p1 = vc.BatchPoint(1, (100.0,), (200.0,), (20.0,))
-    p8 = vc.BatchPoint(8, (300.0,), (1200.0,), (30.0,))
-    effect = vc.BatchEffect("x", timing.Machine("cpu", "t", 2), 4, 10, 0.8, 0.25, 1.4, 3.0, (p1, p8), None)
-    assert p1.verify_ratio == 2.0 and p8.verify_ratio == 4.0
-    assert effect.c_at(p1) == pytest.approx(0.25)  # anchored to the real run at batch 1
-    assert effect.c_at(p8) == pytest.approx(0.25 * (30 / 300) / (20 / 100))
-    expected = metrics.expected_tokens_per_round(0.8, 4) / (4.0 + 4 * effect.c_at(p8))
-    assert effect.speedup_at(p8) == pytest.approx(expected)
-    assert effect.speedups[0] > effect.speedups[1]
-    no_alpha = vc.BatchEffect("x", timing.Machine("cpu", "t", 2), 4, 10, None, 0.25, None, None, (p1,), None)
-    assert no_alpha.speedups == (None,)
-
-
 def test_configs_refuse_bad_values():
     with pytest.raises(ValueError, match="include 1"):
         vc.PassCostConfig(ks=(2, 4))
     with pytest.raises(ValueError, match="repeats"):
         vc.PassCostConfig(repeats=0)
-    with pytest.raises(ValueError, match="gamma"):
-        vc.BatchConfig(gamma=0)
-    with pytest.raises(ValueError, match="batch sizes"):
-        vc.BatchConfig(batch_sizes=(4, 2))
-    assert vc.BatchConfig(gamma=3) == vc.BatchConfig(gamma=3) and hash(vc.PassCostConfig()) == hash(vc.PassCostConfig())
+    assert vc.PassCostConfig(repeats=3) == vc.PassCostConfig(repeats=3)
+    assert hash(vc.PassCostConfig()) == hash(vc.PassCostConfig())
 
 
 # ------------------------------------------------------------------------------------------ memory
@@ -149,69 +132,36 @@ def test_measure_pass_cost_yields_progress_and_raw_times(pair):
     assert cost.ratios[0] == 1.0 and cost.machine.device == "cpu" and cost.pair == "tiny-random"
 
 
-def test_measure_batch_effect_on_the_tiny_pair(pair):
-    config = vc.BatchConfig(gamma=3, batch_sizes=(1, 2, 4), repeats=2, run_tokens=8)
-    items, effect = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids,
-                                                   "tiny-random", config))
-    assert items[-1].done == items[-1].total
-    assert [p.batch for p in effect.points] == [1, 2, 4] and effect.stopped is None
-    assert all(len(p.step_ms) == len(p.verify_ms) == len(p.draft_ms) == 2 for p in effect.points)
-    assert effect.alpha is not None and 0.0 <= effect.alpha <= 1.0
-    assert effect.c is not None and effect.c > 0 and effect.run_speedup is not None
-    assert effect.c_at(effect.points[0]) == pytest.approx(effect.c)
-    for p, s in zip(effect.points, effect.speedups):
-        assert s == pytest.approx(metrics.expected_speedup_at_cost(effect.alpha, 3, effect.c_at(p), p.verify_ratio))
-
-
-def test_batch_effect_stops_before_a_batch_that_would_not_fit(pair):
-    config = vc.BatchConfig(gamma=2, batch_sizes=(1, 2, 4, 8), repeats=1, warmup=0, run_tokens=4)
-    ctx = len(vc.encode(pair.tokenizer, config.prompt))
-
-    def need(b: int) -> int:
-        return timing.batch_bytes(pair.target.config, b, 3, ctx) + timing.batch_bytes(pair.draft.config, b, 1, ctx)
-
-    free = timing.MEMORY_RESERVE + need(2)  # batch 2 just fits, batch 4 does not
-    _, effect = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, "tiny-random",
-                                               config, available=lambda device: free))
-    assert [p.batch for p in effect.points] == [1, 2]
-    assert effect.stopped is not None and "batch 4" in effect.stopped
-    _, none = _drain(vc.measure_batch_effect(pair.target, pair.draft, pair.tokenizer, pair.eos_ids, "tiny-random",
-                                             config, available=lambda device: 0))
-    assert none.points == () and "batch 1" in none.stopped
-
-
 # ------------------------------------------------------------------------------------------ JSON and CLI
 
 
 def test_json_round_trip_and_reference_file(tmp_path):
     cost = _cost(((10.5, 11.25), (13.0, 12.0), (20.0, 21.0)))
-    p1 = vc.BatchPoint(1, (100.0, 101.0), (200.0, 190.0), (20.0, 21.0))
-    effect = vc.BatchEffect("x", timing.Machine("cuda", "Some GPU", 8), 4, 10, 0.75, 0.1, 1.9, 3.1, (p1,), None)
-    text = json.dumps({"note": "test", "pass_cost": vc.pass_cost_to_dict(cost),
-                       "batch_effect": vc.batch_effect_to_dict(effect)})
+    # an older file's "batch_effect" (the timed-pass estimate bench/batch replaced) is left unread
+    text = json.dumps({"note": "test", "pass_cost": vc.pass_cost_to_dict(cost), "batch_effect": {"points": []}})
     path = tmp_path / "gpu.json"
     path.write_text(text, encoding="utf-8")
     ref = vc.load_reference(path)
     assert ref is not None and ref.note == "test"
-    assert ref.pass_cost == cost and ref.batch_effect == effect
+    assert ref.pass_cost == cost and not hasattr(ref, "batch_effect")
     assert vc.load_reference(tmp_path / "missing.json") is None
 
 
 def test_cli_prints_the_measurement_as_json(capsys):
     rc = cli.main(["why-cheap", "--pair", "tiny-random", "--device", "cpu", "--json", "-q", "--repeats", "1", "--ks", "1,2",
-                  "--batches", "1,2", "--gamma", "2", "--note", "unit test"])
+                  "--note", "unit test"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["note"] == "unit test"
     assert out["pass_cost"]["ks"] == [1, 2] and out["pass_cost"]["ratio_to_one_token"][0] == 1.0
-    assert [p["batch"] for p in out["batch_effect"]["points"]] == [1, 2]
-    assert all(math.isfinite(p["verify_ratio"]) for p in out["batch_effect"]["points"])
+    assert "batch_effect" not in out and all(math.isfinite(x) for x in out["pass_cost"]["ratio_to_one_token"])
     assert vc.pass_cost_from_dict(out["pass_cost"]).ks == (1, 2)
 
 
 def test_cli_refuses_bad_arguments_in_one_line(capsys):
     assert cli.main(["why-cheap", "--pair", "tiny-random", "--ks", "2,4", "-q"]) == 2
     assert cli.main(["why-cheap", "--pair", "no-such-pair", "-q"]) == 2
-    assert cli.main(["why-cheap", "--pair", "tiny-random", "--batches", "a,b", "-q"]) == 2
+    assert cli.main(["why-cheap", "--pair", "tiny-random", "--batches", "1,2", "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("specviz: error:") for line in err)
+    assert "specviz batch" in err[2]  # the batch effect is measured by real batched runs now
