@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from specviz.cli.common import (
@@ -112,21 +111,22 @@ def warm_up(pair: Any, drafter: Any, prompt_ids: list[int], gamma: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the JSON of a run (its rounds are viz/export's round records, the same as the app's trace download)
+# the JSON of a run: viz/export writes it (the rounds are the same records as the app's trace download)
 
 
 def run_dict(args: argparse.Namespace, pair_name: str, pair: Any, tree: TreeConfig, prompt_ids: list[int],
              spec: Generation, summary: Comparison) -> dict[str, Any]:
-    """The settings, the speculative run, its rounds and its totals: every key `generate --json` always prints."""
-    from specviz.viz.export import json_float, round_dict
+    """What the run was asked (the flags, the pair's precisions), then viz/export's document of the run."""
+    from specviz.viz.export import run_document
 
-    return {
+    asked = {
         "pair": pair_name,
         "mode": args.mode,
         "gamma": args.gamma,
         "adaptive": args.adaptive,
         "drafter": spec.drafter,
-        "tree_config": {"budget": tree.budget, "branching": tree.branching, "depth": tree.depth} if args.drafter == "tree" else None,
+        "tree_config": {"budget": tree.budget, "branching": tree.branching, "depth": tree.depth}
+        if drafters.spec(args.drafter).shape == "tree" else None,
         "draft_precision": getattr(pair, "draft_precision", None),
         "target_precision": getattr(pair, "target_precision", None),
         "precision_reason": getattr(pair, "precision_reason", None),
@@ -139,69 +139,19 @@ def run_dict(args: argparse.Namespace, pair_name: str, pair: Any, tree: TreeConf
         "max_new_tokens": args.max_new_tokens,
         "prompt": args.prompt,
         "prompt_tokens": len(prompt_ids),
-        "text": spec.text,
-        "tokens": list(spec.tokens),
-        "stop_reason": spec.stop_reason,
-        "rounds": [round_dict(r) for r in spec.rounds],
-        "target_calls": spec.target_calls,
-        "drafted": spec.drafted,
-        "accepted": spec.accepted,
-        "acceptance_rate": json_float(summary.acceptance_drafted, 6),  # accepted ÷ drafted (the key predates the record)
-        "alpha_checked": json_float(summary.alpha_checked, 6),  # Leviathan's α: accepted ÷ checked
-        "tokens_per_target_call": json_float(summary.tokens_per_target_call, 6),
-        "ms_per_token": json_float(summary.ms_per_token, 3),
-        "prefill_ms": json_float(spec.prefill_ms, 3),
-        "decode_ms": json_float(spec.decode_ms, 3),
     }
+    return run_document(asked, spec, summary)
 
 
 def baseline_dict(pair: Any, prompt_ids: list[int], spec: Generation, base: Generation,
                   summary: Comparison) -> dict[str, Any]:
-    """The keys --baseline adds: the target alone, the speed-up, and whether (and where) the two runs part."""
-    from specviz.viz.export import json_float
-
-    return {
-        "baseline": {
-            "tokens": list(base.tokens),
-            "text": base.text,
-            "ms_per_token": json_float(base.ms_per_token, 3),
-            "prefill_ms": json_float(base.prefill_ms, 3),
-            "decode_ms": json_float(base.decode_ms, 3),
-        },
-        "speedup": json_float(summary.speedup, 4),
-        "measured_c": json_float(summary.c, 4),
-        "expected_speedup": json_float(summary.expected_speedup, 4),
-        "verify_steps": json_float(summary.verify_steps, 4),
-        "expected_speedup_measured_verify": json_float(summary.expected_speedup_measured_verify, 4),
-        # greedy speculative decoding must reproduce the target's own tokens exactly; sampled runs
-        # follow the same distribution but not the same draws, so there is nothing to compare (None)
-        "identical_to_baseline": summary.identical,
-        "first_divergence": asdict(summary.divergence) if summary.divergence else None,
-        # where a not-bit-exact target left its own text: the target's top-2 gap there (why it could)
-        "divergence": divergence_dict(pair, prompt_ids, spec, base) if summary.identical is False else None,
-    }
-
-
-def divergence_dict(pair: Any, prompt_ids: list[int], spec: Generation, base: Generation) -> dict[str, Any] | None:
-    """The first position where a greedy speculative run left the target's own text, with the target's top-2 gap there."""
+    """The keys --baseline adds (viz/export's), with where a greedy run left the target's own text."""
     from specviz.core.divergence import divergence_with_gap
-    from specviz.viz.export import json_float
+    from specviz.viz.export import baseline_document
 
-    d = divergence_with_gap(pair.target, prompt_ids, spec.tokens, base.tokens)
-    if d is None:
-        return None
-
-    def token(i: int | None) -> dict[str, Any]:
-        return {"id": i, "text": "(ended)" if i is None else pair.tokenizer.decode([i])}
-
-    return {  # the gaps are None where one run had ended there (no pair of tokens to weigh)
-        "position": d.position,
-        "speculative": token(d.speculative_id),
-        "baseline": token(d.baseline_id),
-        "top_ids": None if d.top_ids is None else list(d.top_ids),
-        "top2_gap": json_float(d.top2_gap, 6),
-        "pair_gap": json_float(d.pair_gap, 6),
-    }
+    # only a run that parted from its baseline is looked at again (one more target pass over the text)
+    d = divergence_with_gap(pair.target, prompt_ids, spec.tokens, base.tokens) if summary.identical is False else None
+    return baseline_document(base, summary, d, lambda i: pair.tokenizer.decode([i]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,17 +1,20 @@
-"""A run's trace as CSV (one row per token decision, via pandas) and as JSON (everything recorded)."""
+"""A run as data: the trace as CSV (one row per token decision, via pandas) and JSON, and the CLI's run document."""
 
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import asdict, replace
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from specviz.core.trace import Generation, RoundTrace, TreeTrace
-from specviz.core.metrics import compare
+from specviz.core.metrics import Comparison, compare
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from specviz.core.divergence import Divergence
 
 CSV_COLUMNS = (
     "round", "position", "slot", "kind", "token_id", "token_text", "p_target", "q_draft",
@@ -109,3 +112,68 @@ def trace_json(gen: Generation, baseline: Generation | None = None, meta: dict[s
     if baseline is not None:
         doc["baseline"] = generation_dict(baseline)
     return json.dumps(doc, ensure_ascii=False, indent=1, default=str)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI's document of a run (`specviz generate --json`): flat keys, its rounds as round_dict records
+
+
+def run_document(asked: Mapping[str, Any], spec: Generation, summary: Comparison) -> dict[str, Any]:
+    """What the run was asked, its text and tokens, its rounds and its totals: every key `generate --json` prints."""
+    return {
+        **asked,
+        "text": spec.text,
+        "tokens": list(spec.tokens),
+        "stop_reason": spec.stop_reason,
+        "rounds": [round_dict(r) for r in spec.rounds],
+        "target_calls": spec.target_calls,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "acceptance_rate": json_float(summary.acceptance_drafted, 6),  # accepted ÷ drafted (the key predates the record)
+        "alpha_checked": json_float(summary.alpha_checked, 6),  # Leviathan's α: accepted ÷ checked
+        "tokens_per_target_call": json_float(summary.tokens_per_target_call, 6),
+        "ms_per_token": json_float(summary.ms_per_token, 3),
+        "prefill_ms": json_float(spec.prefill_ms, 3),
+        "decode_ms": json_float(spec.decode_ms, 3),
+    }
+
+
+def baseline_document(base: Generation, summary: Comparison, divergence: Divergence | None,
+                      decode: Callable[[int], str]) -> dict[str, Any]:
+    """The keys a baseline adds: the target alone, the speed-up, and whether (and where) the two runs part."""
+    return {
+        "baseline": {
+            "tokens": list(base.tokens),
+            "text": base.text,
+            "ms_per_token": json_float(base.ms_per_token, 3),
+            "prefill_ms": json_float(base.prefill_ms, 3),
+            "decode_ms": json_float(base.decode_ms, 3),
+        },
+        "speedup": json_float(summary.speedup, 4),
+        "measured_c": json_float(summary.c, 4),
+        "expected_speedup": json_float(summary.expected_speedup, 4),
+        "verify_steps": json_float(summary.verify_steps, 4),
+        "expected_speedup_measured_verify": json_float(summary.expected_speedup_measured_verify, 4),
+        # greedy speculative decoding must reproduce the target's own tokens exactly; sampled runs
+        # follow the same distribution but not the same draws, so there is nothing to compare (None)
+        "identical_to_baseline": summary.identical,
+        "first_divergence": asdict(summary.divergence) if summary.divergence else None,
+        # where a not-bit-exact target left its own text: the target's top-2 gap there (why it could)
+        "divergence": None if divergence is None else divergence_dict(divergence, decode),
+    }
+
+
+def divergence_dict(d: Divergence, decode: Callable[[int], str]) -> dict[str, Any]:
+    """The first position where a greedy speculative run left the target's own text, with the target's top-2 gap."""
+
+    def token(i: int | None) -> dict[str, Any]:
+        return {"id": i, "text": "(ended)" if i is None else decode(i)}
+
+    return {  # the gaps are None where one run had ended there (no pair of tokens to weigh)
+        "position": d.position,
+        "speculative": token(d.speculative_id),
+        "baseline": token(d.baseline_id),
+        "top_ids": None if d.top_ids is None else list(d.top_ids),
+        "top2_gap": json_float(d.top2_gap, 6),
+        "pair_gap": json_float(d.pair_gap, 6),
+    }
