@@ -13,7 +13,7 @@ from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.core.drafters.tree import TreeConfig
 from specviz.models.packed import pack_linears
-from specviz.serve.batch import Batch, run_together
+from specviz.serve.batch import MAX_RUNS, Batch, run_together
 from specviz.serve.exact import batch_exactness
 from tests.test_app_settings import _wait
 from tests.test_engine import IdTokenizer
@@ -197,7 +197,7 @@ def test_real_pair_runs_together_match_alone_and_the_targets_greedy_text(qwen_pa
 @pytest.mark.real
 @pytest.mark.slow
 def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
-    """Default pair: 400 sampled speculative runs of 2 tokens, 16 at a time, against the target's exact law (the Same answer lab's test)."""
+    """Default pair: 400 sampled speculative runs of 2 tokens, MAX_RUNS at a time, against the target's exact law (the Same answer lab's test)."""
     from collections import Counter
 
     from specviz.labs.same_answer import SampleConfig, SampleCounts, exact_law, fit_test, target_memo
@@ -213,7 +213,7 @@ def test_sampled_runs_through_the_executor_follow_the_targets_law(qwen_pair):
         max_new_tokens=2, gamma=3, sampling=SamplingConfig("sample", temperature=0.8, top_p=0.95, seed=s),
         trace_top_n=1, stop_at_eos=False)) for s in range(cfg.n_samples)]
     gens, sharing, _ = run_together(programs, pair.target)
-    assert max(s.most for s in sharing) == 16
+    assert max(s.most for s in sharing) == MAX_RUNS  # the executor's one batch limit
     assert sum(g.drafted for g in gens) > 0  # the rule was exercised
     law = drain(exact_law(target_memo(pair.target, sampling), pair.tokenizer, ids, cfg))
     seen = Counter(g.tokens for g in gens)

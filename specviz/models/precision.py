@@ -24,11 +24,10 @@ import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from specviz.core.limits import DRAFT_PRECISIONS, TARGET_PRECISIONS, Precision
+from specviz.core.limits import DRAFT_PRECISIONS, TARGET_PRECISIONS
 from specviz.models import half
 from specviz.models.base import PairError, _first_line, pack_threads
 from specviz.models.packed import PackedLinear, layers_of, plain_linear

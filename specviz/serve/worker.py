@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from specviz.core.progress import JobSteps, Progress
+from specviz.core.progress import Progress
 from specviz.host import CpuSample, cpu_sample
 from specviz.serve.batch import MAX_RUNS, Batch, Outcome, SharedRun, Sharing
 
