@@ -175,6 +175,20 @@ def _honesty(sweep: Sweep, s: Settings) -> None:
         chart(how_far_view.verify_cost_bars(sweep.points, font_size(s)), P + "verify")
 
 
+def _positions(sweep: Sweep, s: Settings) -> None:
+    """D5: per drafted position, how often the k-th guess was accepted at each γ (why a longer draft pays less)."""
+    series = [(f"γ = {p.gamma}", p.acceptance_by_position) for p in sweep.points if p.acceptance_by_position]
+    if s.level != "d5" or not series:
+        return
+    st.markdown("**Acceptance by position** (vLLM's per-position counters): of the rounds at each γ, the share "
+                "that accepted their k-th guess.")
+    chart(how_far_view.position_figure(series, font_size(s)), P + "positions")
+    longest = max(sweep.points, key=lambda p: len(p.acceptance_by_position))
+    said = how_far_view.position_sentence(longest.acceptance_by_position, longest.gamma)
+    if said:
+        st.caption(said)
+
+
 def _lessons(s: Settings) -> None:
     if s.level == "d1":
         lesson_md("d1", "howfar_read")
@@ -281,6 +295,7 @@ def main() -> None:
     if sweep is not None and s.level != "d1":
         _table(sweep, s)
         _honesty(sweep, s)
+        _positions(sweep, s)
     elif sweep is None and s.level == "d1":
         st.caption("Press **Measure** to race the helper at different numbers of guesses.")
     _lessons(s)

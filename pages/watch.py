@@ -13,7 +13,7 @@ from specviz.app import watch_state as ws
 from specviz.app.watch_state import P
 from specviz.core import drafters, metrics
 from specviz.app.pairs import pair_or_message
-from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
+from specviz.app.prompt import encode, preset_buttons, repaired_prompt
 from specviz.serve.worker import JobView
 from specviz.app.settings import shown
 from specviz.settings import Settings
@@ -28,6 +28,7 @@ from specviz.labs import how_far
 from specviz.app import predict
 from specviz.viz import export
 from specviz.viz import predict as predict_view
+from specviz.viz import how_far as how_far_view
 from specviz.viz import watch as watch_view
 from specviz.viz import playback as pb
 from specviz.viz import strip
@@ -246,6 +247,12 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     if points:
         _chart("running", (spec_id, len(points), base, s.level, s.presenter),
                lambda: watch_view.running_figure(points, L, font_size(s)))
+    shares = metrics.acceptance_by_position(shown) if s.level == "d5" else ()
+    if len(shares) > 1:  # D5: how often the k-th guess of a round was accepted, so far
+        st.markdown("**Acceptance by position:** of the rounds so far, the share that accepted their k-th guess.")
+        _chart("positions", (spec_id, len(shown), s.level, s.presenter),
+               lambda: how_far_view.position_figure([("this run", shares)], font_size(s)))
+        st.caption(how_far_view.position_sentence(shares))
 
 
 @st.cache_resource(show_spinner=False)

@@ -48,6 +48,11 @@ def check_outputs(out: Path, done: subprocess.CompletedProcess[str]) -> pd.DataF
     assert not df.duplicated(["pair", "workload", "mode", "method"]).any(), "one row per (workload, mode, method)"
     base = df[df["method"] == "target"]
     assert (base["speedup"] == 1.0).all()
+    # acceptance by position: one cell of shares, each position at most the one before (empty without a drafter)
+    for method, cell in zip(df["method"], df["acceptance_by_position"].fillna("")):
+        shares = [float(x) for x in str(cell).split()]
+        assert not shares or not (method == "target" or method.startswith("hf-")), (method, cell)  # ours only
+        assert all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:])), (method, cell)
     md = (out / "bench-tiny-random.md").read_text(encoding="utf-8")
     assert md.startswith("# specviz bench")
     for part in ("- machine:", "- date:", "- command: `python -m specviz bench", "torch ", "transformers "):

@@ -101,6 +101,12 @@ def check_result(res: dict, *, pair: str, mode: str, gamma: int, max_new: int, b
     if res["drafted"]:
         assert res["acceptance_rate"] == pytest.approx(res["accepted"] / res["drafted"], abs=1e-4)
     assert is_num(res["tokens_per_target_call"]) and 1 <= res["tokens_per_target_call"] <= gamma + 1
+    # per position k: rounds that accepted their k-th guess ÷ drafting rounds, recounted from a chain's rounds
+    drafting = [r for r in res["rounds"] if r["draft_tokens"]]
+    if res["tree_config"] is None:
+        depth = max((len(r["draft_tokens"]) for r in drafting), default=0)
+        assert res["acceptance_by_position"] == pytest.approx(
+            [sum(r["n_accepted"] >= k for r in drafting) / len(drafting) for k in range(1, depth + 1)])
     assert is_num(res["ms_per_token"]) and res["ms_per_token"] > 0
     assert isinstance(res["prompt_tokens"], int) and res["prompt_tokens"] > 0
     if not baseline:

@@ -114,3 +114,30 @@ def test_a_tree_run_counts_its_nodes_as_gamma_and_gets_no_chain_formula():
     assert cmp.tokens_per_target_call == pytest.approx(5.0) and cmp.speedup is not None
     chain = metrics.compare(_gen(rounds, tuple(range(10)), 700.0), _baseline())  # the same rounds drawn as a chain
     assert chain.expected_speedup is not None
+
+
+def test_acceptance_by_position_counts_as_vllm_does():
+    """Per position k: drafting rounds whose k-th guess was accepted ÷ drafting rounds (short drafts miss at k)."""
+    rounds = [_round(4, 2), _round(4, 4), _round(2, 1), _round(0, 0)]  # the target-only step is not a drafting round
+    shares = metrics.acceptance_by_position(rounds)
+    assert shares == pytest.approx((3 / 3, 2 / 3, 1 / 3, 1 / 3))
+    assert all(a >= b for a, b in zip(shares, shares[1:]))  # a later guess pays only if all before it did
+    assert metrics.acceptance_by_position([_round(0, 0)]) == ()
+    assert metrics.compare(_gen(rounds, tuple(range(10)), 100.0)).acceptance_by_position == shares
+
+
+def test_acceptance_by_position_of_a_tree_follows_its_accepted_path():
+    from specviz.core.trace import TreeNode, TreeTrace
+
+    def node(parent: int, depth: int, verdict: str) -> TreeNode:
+        return TreeNode(token=1, text="a", parent=parent, depth=depth, p=0.5, q=0.5, sampled=False,
+                        accept_prob=1.0, uniform=0.1, verdict=verdict)  # type: ignore[arg-type]
+
+    # five nodes three deep; the accepted path is two long (root's child, then its child)
+    nodes = (node(-1, 1, "accepted"), node(-1, 1, "unreached"), node(0, 2, "accepted"), node(2, 3, "rejected"),
+             node(1, 2, "unreached"))
+    tree = TreeTrace(nodes=nodes, path=(0, 2))
+    r = _round(5, 2)
+    tree_round = RoundTrace(**{**r.__dict__, "tree": tree})
+    assert metrics.draft_depth(tree_round) == 3 and metrics.draft_depth(r) == 5
+    assert metrics.acceptance_by_position([tree_round, _round(1, 0)]) == pytest.approx((0.5, 0.5, 0.0))

@@ -66,6 +66,9 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     assert table["same text as target alone"].all()  # greedy: every γ writes the target's text
     assert "Measured here:" in texts(at) and "one-token steps" in texts(at)
     assert f"Measured on this machine: {host.machine_words()}," in texts(at)  # this machine, not a hard-coded one
+    # D5: the share of rounds accepting their k-th guess, per γ, and the sentence read from the γ = 8 run
+    assert "Acceptance by position" in texts(at) and len(at.get("plotly_chart")) >= 3
+    assert "γ = 8: the 1st guess was accepted in" in texts(at)
     key = at.session_state["how_far.key"]
     job = jobs.runner().get(key)
     assert job.view().state == "done"
@@ -74,7 +77,7 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     no_exception(at)
     d1_words = texts(at)
     assert d1_words != d5_words and "Let's find out" in d1_words and "times as fast" in d1_words
-    assert not at.metric and "Leviathan" not in d1_words
+    assert not at.metric and "Leviathan" not in d1_words and "Acceptance by position" not in d1_words
     set_settings(at, level="d2")
     no_exception(at)
     assert "How far should the draft model guess?" in texts(at)

@@ -500,3 +500,13 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, m
             assert ("3.0×" in words) == noisy  # the spread it judged by, beside the rule
             assert ("other programs used 1.0 of the 2 cores" in words) == hog  # or the CPU others took
             assert ("uncertain: busy machine" in str(at.metric)) == busy
+
+
+def test_d5_draws_acceptance_by_position_from_the_rounds_shown():
+    """At D5 the page draws how often the k-th guess was accepted; D2 keeps it out."""
+    at = play_to_end(make_app(level="d5"))
+    words = texts(at)
+    assert "Acceptance by position" in words and "the 1st guess was accepted in" in words
+    at.radio(key="cfg.level").set_value("d2").run()
+    no_exception(at)
+    assert "Acceptance by position" not in texts(at)

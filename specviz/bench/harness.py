@@ -203,6 +203,7 @@ class RunRecord:
     expected_speedup_measured_verify: float | None = None  # Leviathan with this repeat's measured verify cost
     gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
     peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
+    acceptance_by_position: tuple[float, ...] = ()  # share of drafting rounds accepting their k-th token, k = 1…
 
 
 def reset_peak_rss() -> bool:
@@ -343,7 +344,8 @@ def measure(pair: Any, pair_name: str, workload: Workload, method: Method, promp
     if method.drafter:
         cmp = metrics.compare(gen, baseline)
         figures.update(acceptance_rate=cmp.acceptance_drafted, alpha_checked=cmp.alpha_checked, c=cmp.c,
-                       expected_speedup_measured_verify=cmp.expected_speedup_measured_verify, gamma=cmp.gamma)
+                       expected_speedup_measured_verify=cmp.expected_speedup_measured_verify, gamma=cmp.gamma,
+                       acceptance_by_position=cmp.acceptance_by_position)
     record = RunRecord(**key, tokens=gen.tokens, ms_per_token=(gen.prefill_ms + gen.decode_ms) / max(1, len(gen.tokens)),
                        peak_rss_mb=rss, **figures)
     return record, gen
@@ -388,6 +390,9 @@ class BenchRow:
     peak_rss_mb: float | None  # the highest VmHWM over the repeats
     identical_to_baseline: bool | None  # greedy: every repeat's tokens == ours target-only tokens
     identical_to_hf_plain: bool | None  # greedy, hf-* rows: every repeat's tokens == hf-plain's
+    # per drafted position k = 1…: the median over repeats of the share of drafting rounds that accepted
+    # their k-th token (a repeat that never drafted that deep counts 0 there); empty without a drafter
+    acceptance_by_position: tuple[float, ...] = ()
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
@@ -396,6 +401,13 @@ CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
 def _median(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+def _median_by_position(records: Sequence[RunRecord]) -> tuple[float, ...]:
+    """Per position, the median over the repeats of acceptance_by_position (missing positions count 0)."""
+    depth = max((len(r.acceptance_by_position) for r in records), default=0)
+    return tuple(statistics.median(r.acceptance_by_position[k] if k < len(r.acceptance_by_position) else 0.0
+                                   for r in records) for k in range(depth))
 
 
 def _all_equal(records: Sequence[RunRecord], reference: dict[int, RunRecord]) -> bool | None:
@@ -460,6 +472,7 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
         peak_rss_mb=max(rss) if rss else None,
         identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
         identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
+        acceptance_by_position=_median_by_position(recs),
     )
 
 

@@ -47,7 +47,14 @@ def machine_line(device: str) -> str:
 def rows_frame(rows: Sequence[BenchRow]) -> Any:
     import pandas as pd
 
-    return pd.DataFrame([asdict(r) for r in rows], columns=list(CSV_COLUMNS))
+    # one cell per row for the per-position acceptances: "0.97 0.91 0.80" (k = 1, 2, 3, …)
+    records = [{**asdict(r), "acceptance_by_position": position_cell(r.acceptance_by_position)} for r in rows]
+    return pd.DataFrame(records, columns=list(CSV_COLUMNS))
+
+
+def position_cell(shares: Sequence[float]) -> str:
+    """Per-position acceptances as one CSV cell, space-separated, two decimals (empty without a drafter)."""
+    return " ".join(f"{x:.2f}" for x in shares)
 
 
 def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -128,6 +135,9 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         "drafted are all tree nodes, γ the mean nodes per tree and c the draft ms per node; the chain formula does not "
         "describe a tree, so its expected columns are blank: read its tokens per target call. These figures "
         "come from specviz.core.metrics.compare and are not observable for transformers' methods (blank).",
+        "- acceptance by position (CSV column `acceptance_by_position`, k = 1, 2, …): the share of drafting rounds "
+        "whose k-th drafted token was accepted (vLLM's per-position counters; a round that drafted fewer than k, or "
+        "stopped before k, is a miss at k; for a tree, the k-th token of its accepted path), median over the repeats.",
         "- = target / = hf-plain (greedy only): every repeat produced exactly the same tokens as ours target-only / "
         "transformers' plain generate.",
         "- peak RSS = the process's VmHWM during the run (reset before each run), highest over the repeats; "

@@ -36,6 +36,27 @@ def alpha_checked(rounds: Sequence[RoundTrace]) -> float | None:
     return accepted / checked if checked else None
 
 
+def draft_depth(r: RoundTrace) -> int:
+    """How many tokens deep a round drafted: a chain's length, a tree's deepest node (0: a target-only step)."""
+    if r.tree is not None:
+        return max((n.depth for n in r.tree.nodes), default=0)
+    return len(r.draft_ids)
+
+
+def acceptance_by_position(rounds: Sequence[RoundTrace]) -> tuple[float, ...]:
+    """For k = 1 … the deepest draft: the share of drafting rounds whose k-th drafted token was accepted.
+
+    Counted as vLLM's per-position counters are (accepted at position k ÷ drafting rounds): a round that drafted
+    fewer than k tokens, or stopped before k, is a miss at k; a tree's k-th token is the k-th of its accepted
+    path. Hence never rising with k: each position pays only if every one before it was accepted.
+    """
+    drafting = [r for r in rounds if draft_depth(r) > 0]
+    if not drafting:
+        return ()
+    deepest = max(draft_depth(r) for r in drafting)
+    return tuple(sum(1 for r in drafting if r.n_accepted >= k) / len(drafting) for k in range(1, deepest + 1))
+
+
 def tokens_per_target_call(rounds: Sequence[RoundTrace]) -> float | None:
     """New tokens per target forward pass (1.0 for plain decoding)."""
     return sum(len(r.new_ids) for r in rounds) / len(rounds) if rounds else None
@@ -175,6 +196,7 @@ class Comparison:
     expected_speedup_measured_verify: float | None = None  # Leviathan with verify_steps in place of 1
     identical: bool | None = None  # greedy only: the same tokens as the baseline
     divergence: Divergence | None = None  # greedy only: where they first differ
+    acceptance_by_position: tuple[float, ...] = ()  # share of drafting rounds accepting their k-th token, k = 1…
 
     @property
     def first_divergence(self) -> int | None:
@@ -200,7 +222,8 @@ def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:
     alpha, gamma = alpha_checked(rounds), effective_gamma(spec)
     own = dict(drafted=spec.drafted, accepted=spec.accepted, acceptance_drafted=acceptance_drafted(rounds),
                alpha_checked=alpha, tokens_per_target_call=tokens_per_target_call(rounds),
-               ms_per_token=spec.ms_per_token, gamma=gamma, draft_ms_per_token=draft_ms_per_token(rounds))
+               ms_per_token=spec.ms_per_token, gamma=gamma, draft_ms_per_token=draft_ms_per_token(rounds),
+               acceptance_by_position=acceptance_by_position(rounds))
     if baseline is None:
         return Comparison(**own)
     step = target_ms_per_step(baseline)

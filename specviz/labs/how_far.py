@@ -89,6 +89,7 @@ class GammaPoint:
     verify_steps: float | None  # median verify pass that scored γ + 1 tokens, in target steps
     new_tokens: int
     identical: bool | None  # greedy only: the same tokens as the baseline
+    acceptance_by_position: tuple[float, ...] = ()  # share of rounds accepting their k-th guess, k = 1…γ
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def _point(gamma: int, gen: Generation, baseline: Generation, step_ms: float | N
         verify_steps=verify,
         new_tokens=len(gen.tokens),
         identical=cmp.identical,
+        acceptance_by_position=cmp.acceptance_by_position,
     )
 
 

@@ -131,6 +131,8 @@ def run_document(asked: Mapping[str, Any], spec: Generation, summary: Comparison
         "accepted": spec.accepted,
         "acceptance_rate": json_float(summary.acceptance_drafted, 6),  # accepted ÷ drafted (the key predates the record)
         "alpha_checked": json_float(summary.alpha_checked, 6),  # Leviathan's α: accepted ÷ checked
+        # vLLM's per-position counters: share of drafting rounds that accepted their k-th token, k = 1…
+        "acceptance_by_position": [json_float(x, 6) for x in summary.acceptance_by_position],
         "tokens_per_target_call": json_float(summary.tokens_per_target_call, 6),
         "ms_per_token": json_float(summary.ms_per_token, 3),
         "prefill_ms": json_float(spec.prefill_ms, 3),

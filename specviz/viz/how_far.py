@@ -175,3 +175,27 @@ def sweep_table(sweep: Sweep, level: str) -> Styler:
     fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
     fmt["ms / token"] = "{:.0f}"
     return frame.style.format(fmt, na_rep="–")
+
+
+def position_figure(series: Sequence[tuple[str, Sequence[float]]], font_size: int = 13) -> go.Figure:
+    """Per drafted position k, the share of rounds that accepted their k-th guess: one line per run."""
+    fig = go.Figure()
+    palette = (ACC_COLOUR, MEASURED_COLOUR, VERIFY_COLOUR, CUSTOM_COLOUR, SPEED_COLOUR, PLAIN_COLOUR)
+    for i, (name, shares) in enumerate(series):
+        fig.add_scatter(x=list(range(1, len(shares) + 1)), y=list(shares), mode="lines+markers", name=name,
+                        line=dict(color=palette[i % len(palette)]),
+                        hovertemplate="guess %{x}: accepted in %{y:.0%} of rounds<extra>" + name + "</extra>")
+    return layout(fig, 260, font_size, xaxis=dict(title="position of the guess in its round (k)", dtick=1),
+                  yaxis=dict(title="rounds that accepted it", tickformat=".0%", range=[0, 1.05]))
+
+
+def position_sentence(shares: Sequence[float], gamma: float | None = None) -> str | None:
+    """The first and last position's acceptance in words, and why a longer draft pays less (None: too short)."""
+    if len(shares) < 2:
+        return None
+    first, last, k = shares[0], shares[-1], len(shares)
+    where = f"γ = {gamma:g}: " if gamma is not None else ""
+    return (f"{where}the 1st guess was accepted in {first:.0%} of rounds, guess {k} in {last:.0%}. A guess counts "
+            "only when every guess before it in the round was accepted, so each further position is accepted at "
+            "most as often as the one before: the last guesses of a long draft are the ones that rarely pay for "
+            "their drafting.")
