@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import given, settings as hsettings, strategies as st
 
 from specviz.app import policy
 from specviz.app.policy import PAIR_REFUSED, Policy, load_policy, settings_from_link, visitor_message
