@@ -93,6 +93,11 @@ class RoundTrace:
     # tree rounds only: the whole tree. The chain fields above then list the accepted path first and
     # the other nodes after it (accept_probs/uniforms are nan for nodes never tried).
     tree: TreeTrace | None = None
+    # drafters with more than one helper (the hybrid) say which one drafted this round: "memory" or "model"
+    helper: str = ""
+    # a memory draft: where its match was found (a key of memory.SOURCE_WORDS) and how many tokens it matched
+    memory_source: str = ""
+    match_length: int = 0
 
     @property
     def new_ids(self) -> tuple[int, ...]:

@@ -89,6 +89,9 @@ def round_dict(r: RoundTrace, *, dists: bool = False) -> dict[str, Any]:
         "draft_ms": json_float(r.draft_ms, 3),
         "verify_ms": json_float(r.verify_ms, 3),
         "tree": None if r.tree is None else tree_dict(r.tree),
+        "helper": r.helper or None,
+        "memory_source": r.memory_source or None,
+        "match_length": r.match_length if r.memory_source else None,
     }
     if dists:
         for name in ("p_top", "q_top", "residual_top"):

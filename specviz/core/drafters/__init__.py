@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the registry itself imports no torch: the CLI's help and ch
 
     from specviz.core.drafters.model import QMemo
     from specviz.core.drafters.tree import TreeConfig
+    from specviz.core.memory import Memory
     from specviz.core.rounds import Drafter
 
 Shape = Literal["chain", "tree"]
@@ -33,6 +34,7 @@ class Parts:
     adaptive: bool = False  # stop an unsure chain early (the sidebar's "adaptive γ")
     tree: TreeConfig | None = None  # a tree's shape (None: TreeConfig's defaults)
     q_memo: QMemo | None = None  # the draft's q rows per prefix, shared by many samples of one prompt (the Same answer lab)
+    memory: Memory | None = None  # what a remembering drafter drafts from besides the text (earlier runs, a datastore)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class DrafterSpec:
     # builds one from the pair's models (what it needs is checked by `build`): a function, or "module:function",
     # imported on first use, so that reading the registry loads no model code
     make: Callable[[Parts], Drafter] | str
+    remembers: bool = False  # it drafts from a memory (earlier runs, a datastore): a run passes it `Parts.memory`
 
     @property
     def gamma_applies(self) -> bool:
@@ -89,14 +92,15 @@ def specs() -> tuple[DrafterSpec, ...]:
 
 
 def build(name: str, draft: torch.nn.Module | None = None, target: torch.nn.Module | None = None,
-          adaptive: bool = False, tree: TreeConfig | None = None, q_memo: QMemo | None = None) -> Drafter:
+          adaptive: bool = False, tree: TreeConfig | None = None, q_memo: QMemo | None = None,
+          memory: Memory | None = None) -> Drafter:
     """The drafter every run uses, by name, from whatever the pair has loaded (a kind takes only what it needs)."""
     kind = spec(name)
     if kind.needs_draft_model and draft is None:
         raise ValueError(f"the {kind.title} needs a draft model, and this pair has none loaded")
     if kind.needs_features and target is None:
         raise ValueError(f"the {kind.title} reads the target's features: pass the target")
-    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo))
+    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo, memory))
 
 
 def _maker(kind: DrafterSpec) -> Callable[[Parts], Drafter]:
@@ -121,3 +125,14 @@ register(DrafterSpec(
     words="The small draft model guesses several possible continuations at once, as a tree; the big model checks "
           "every branch in one pass and keeps the longest one it agrees with.",
     needs_draft_model=True, needs_features=False, shape="tree", length="variable", leviathan=False, make="specviz.core.drafters.tree:from_parts"))
+register(DrafterSpec(
+    name="suffix", title="memory (suffix match, no second model)",
+    words="No second model: it remembers. It finds the longest stretch of text that ends like this one, in this text, "
+          "your earlier runs or a store of code, and proposes what came next there.",
+    needs_draft_model=False, needs_features=False, shape="tree", length="variable", leviathan=False,
+    make="specviz.core.drafters.suffix:from_parts", remembers=True))
+register(DrafterSpec(
+    name="hybrid", title="memory, else the small draft model",
+    words="Each round the memory guesses when it has seen this text before; otherwise the small draft model guesses.",
+    needs_draft_model=True, needs_features=False, shape="chain", length="variable", leviathan=False,
+    make="specviz.core.drafters.hybrid:from_parts", remembers=True))

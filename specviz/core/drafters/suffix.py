@@ -1,0 +1,154 @@
+"""The suffix drafter (SuffixDecoding-style): a helper that remembers instead of a model.
+
+Each round it matches the longest suffix of the text against this text so far, this visitor's
+earlier runs, the class's (only when the operator turned that on) and a read-only datastore, and
+proposes a tree of what followed the match there, each node scored by how often it followed.
+How deep it drafts adapts to the match: at most `spec_factor` × the match's length, so a long,
+often-seen match drafts far and a one-token match drafts little. Every node is a deterministic
+pick, which the tree rule tries as a one-hot draft (accepted with probability p(x)), so the text
+stays exact whatever the memory proposes; the q rows it records are its empirical frequencies.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from specviz.core.drafters import Parts
+from specviz.core.memory import Match, Memory, SuffixIndex
+from specviz.core.rounds import Kept, Round, RunTools, Session, Steps
+from specviz.core.sampling import SamplingConfig
+from specviz.core.trace import RoundTrace
+from specviz.core.tree import tree_round
+from specviz.core.tree_rule import DraftTree
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """How far and how wide the memory drafts (vLLM's suffix method has the same knobs and similar defaults)."""
+
+    max_match: int = 32  # tokens of the text's end matched at most
+    max_depth: int = 32  # tokens on one branch at most
+    spec_factor: float = 1.0  # a branch goes at most match length × this deep (SuffixDecoding's max_spec_factor)
+    min_prob: float = 0.1  # a node is drafted only if at least this share of the occurrences continue through it
+    max_nodes: int = 32  # nodes the target verifies per round at most
+    max_occurrences: int = 32  # occurrences of the match read (the latest ones)
+
+    def __post_init__(self) -> None:
+        for name in ("max_match", "max_depth", "max_nodes", "max_occurrences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"suffix {name} must be at least 1")
+        if self.spec_factor <= 0 or not 0.0 <= self.min_prob <= 1.0:
+            raise ValueError("suffix spec_factor must be > 0 and min_prob in [0, 1]")
+
+
+@dataclass(frozen=True)
+class MemoryDraft:
+    """One round's proposal from memory: the tree, where it came from, and how sure the memory is."""
+
+    tree: DraftTree
+    source: str  # a key of memory.SOURCE_WORDS; "" when nothing matched
+    match_length: int
+    score: float  # the expected number of accepted tokens by the memory's own counts (the sum of its path probabilities)
+
+
+def continuation_tree(match: Match, config: SuffixConfig, vocab: int) -> MemoryDraft:
+    """The most frequent continuations of a match as a tree: best first by path probability, parents before children."""
+    depth_cap = min(config.max_depth, max(1, int(match.length * config.spec_factor)))
+    total = len(match.continuations)
+    counts: dict[tuple[int, ...], int] = {}
+    for cont in match.continuations:
+        for d in range(1, min(len(cont), depth_cap) + 1):
+            counts[cont[:d]] = counts.get(cont[:d], 0) + 1
+    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for prefix in counts:
+        children.setdefault(prefix[:-1], []).append(prefix)
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    node_of: dict[tuple[int, ...], int] = {(): -1}
+    heap = [(-counts[c] / total, c) for c in children.get((), ())]
+    heapq.heapify(heap)  # highest path probability first; a child never beats its parent, so parents come first
+    while heap and len(tokens) < config.max_nodes:
+        neg, prefix = heapq.heappop(heap)
+        if -neg < config.min_prob:
+            break
+        node_of[prefix] = len(tokens)
+        tokens.append(prefix[-1])
+        parents.append(node_of[prefix[:-1]])
+        probs.append(-neg)
+        for c in children.get(prefix, ()):
+            heapq.heappush(heap, (-counts[c] / total, c))
+    q = torch.zeros(len(tokens) + 1, vocab)  # (n+1, V): the memory's own frequencies after the root and each node
+    for i, (tok, par) in enumerate(zip(tokens, parents)):
+        q[par + 1, tok] = probs[i] / (probs[par] if par >= 0 else 1.0)
+    tree = DraftTree(tokens=tuple(tokens), parents=tuple(parents), sampled=(False,) * len(tokens), q=q)
+    return MemoryDraft(tree, match.source if tokens else "", match.length, sum(probs))
+
+
+def with_source(trace: RoundTrace, draft: MemoryDraft | None) -> RoundTrace:
+    """The round's trace with where its memory draft came from (unchanged when the memory drafted nothing)."""
+    if draft is None or not draft.source:
+        return trace
+    return replace(trace, memory_source=draft.source, match_length=draft.match_length)
+
+
+class SuffixSession(Session):
+    """The suffix drafter bound to one run: it searches its sources each round and writes its run into memory."""
+
+    def __init__(self, memory: Memory, config: SuffixConfig, vocab_size: int) -> None:
+        self.config = config
+        self.vocab_size = vocab_size
+        self.memory = memory
+        self.sources = memory.sources()  # indexed once, at the run's start: the runs before this one
+        self.keys = memory.new_keys()
+        self.last: MemoryDraft | None = None  # the latest proposal (the hybrid and the trace read where it came from)
+
+    def best(self, ids: Sequence[int], max_depth: int) -> MemoryDraft:
+        """The most promising tree over every source (by expected accepted tokens); this text first on a tie."""
+        cfg = self.config
+        depth = min(cfg.max_depth, max_depth)
+        text = SuffixIndex([ids], self.vocab_size)
+        found = [text.match(ids, "text", cfg.max_match, depth, cfg.max_occurrences)]
+        found += [index.match(ids, source, cfg.max_match, depth, cfg.max_occurrences) for source, index in self.sources]
+        drafts = [continuation_tree(m, cfg, self.vocab_size) for m in found if m.length]
+        empty = MemoryDraft(DraftTree((), (), (), torch.zeros(1, self.vocab_size)), "", 0, 0.0)
+        best = max(drafts, key=lambda d: d.score, default=empty)  # max keeps the first of equals
+        self.last = best
+        return best
+
+    def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]:
+        yield from ()  # a memory needs no model pass
+        return self.best(ids, max_depth).tree
+
+    def prefill(self, ids: Sequence[int]) -> Steps[None]:
+        yield from ()
+        self.memory.note(self.keys, ids)
+
+    def hear(self, kept: Kept) -> None:
+        self.memory.note(self.keys, kept.ids)
+
+    def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+        self.last = None
+        trace = yield from tree_round(self, r, tools)
+        return with_source(trace, self.last)
+
+
+@dataclass(frozen=True, eq=False)
+class SuffixDrafter:
+    """Drafts from memory: this text, earlier runs and a datastore (no model)."""
+
+    memory: Memory
+    config: SuffixConfig = SuffixConfig()
+    name: str = "suffix"
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> SuffixSession:
+        return SuffixSession(self.memory, self.config, vocab_size)
+
+
+def from_parts(parts: Parts) -> SuffixDrafter:
+    """The registry's "suffix" drafter: the run's memory (none given: this text only, remembered by nobody)."""
+    return SuffixDrafter(parts.memory if parts.memory is not None else Memory())
