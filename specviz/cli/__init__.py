@@ -7,10 +7,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from specviz.cli import batch, bench, generate, loadtest, prepare, same_answer, why_cheap
+from specviz.cli import batch, bench, datastore, generate, loadtest, prepare, same_answer, why_cheap
 from specviz.cli.common import PROG, CliError, print_error
 
-COMMANDS = "generate, bench, loadtest, same-answer, why-cheap, batch or prepare"
+COMMANDS = "generate, bench, loadtest, same-answer, why-cheap, batch, prepare or build-datastore"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     why_cheap.add_why_cheap(sub)
     batch.add_batch(sub)
     prepare.add_prepare(sub)
+    datastore.add_build_datastore(sub)
     return parser
 
 

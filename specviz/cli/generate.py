@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # these load torch: imported where a run needs them, never fo
     from specviz.core.metrics import Comparison
     from specviz.core.trace import Generation, GenerationConfig
 
+MAX_RUNS = 20  # --runs at most (each run is a whole generation)
 WARMUP_TOKENS = 3  # tokens of the untimed warm-up run
 WARMUP_PROMPT_TOKENS = 8  # the warm-up reads only this much of the prompt (a long prefill is not needed)
 
@@ -36,6 +37,9 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                    "drafting switches off while it does not pay")
     p.add_argument("--baseline", action="store_true",
                    help="also run the target alone (same settings) and report the speed-up")
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs of the same prompt in this one process, each drafting from the ones before when the "
+                   "drafter remembers (suffix, hybrid); --json then prints {\"runs\": [one result per run]}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the human form")
     p.set_defaults(func=cmd_generate)
 
@@ -43,6 +47,8 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Check the arguments, load the pair, warm up, run (and the baseline), print."""
     check_sampling_arguments(args)
+    if not 1 <= args.runs <= MAX_RUNS:
+        raise CliError(f"--runs must be in 1..{MAX_RUNS}, got {args.runs}")
     quiet_libraries(args.quiet)  # before torch/transformers are imported (tqdm reads its env then)
     tree = tree_config(args)
     pair_name = resolve_pair_name(args.pair)
@@ -62,23 +68,45 @@ def cmd_generate(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     prompt_ids = encoded_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
-    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree)
-    warm_up(pair, drafter, prompt_ids, args.gamma)
+    memory, warm_memory = run_memories(args.drafter, pair)
+    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree, memory=memory)
+    # the warm-up drafts from the datastore only: it must not become an "earlier run" the first timed run remembers
+    warm_up(pair, drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree,
+                                 memory=warm_memory), prompt_ids, args.gamma)
 
     if not args.quiet:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
-    spec = drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
+    runs = [drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
+            for _ in range(args.runs)]
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
-    summary = compare(spec, base)
 
-    result = run_dict(args, pair_name, pair, tree, prompt_ids, spec, summary)
-    if base is not None:
-        result.update(baseline_dict(pair, prompt_ids, spec, base, summary))
+    results = []
+    for spec in runs:
+        summary = compare(spec, base)
+        result = run_dict(args, pair_name, pair, tree, prompt_ids, spec, summary)
+        if base is not None:
+            result.update(baseline_dict(pair, prompt_ids, spec, base, summary))
+        results.append(result)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(results[0] if args.runs == 1 else {"runs": results}))
     else:
-        print_human(result)
+        for i, result in enumerate(results):
+            if args.runs > 1:
+                print(f"══ run {i + 1} of {args.runs}" + (" (drafting from the runs before)" if i and memory else "")
+                      + " " + "═" * 40)
+            print_human(result)
     return 0
+
+
+def run_memories(drafter: str, pair: Any) -> tuple[Any, Any]:
+    """For a drafter that remembers: this command's memory (its runs, the datastore) and the warm-up's (datastore only)."""
+    if not drafters.spec(drafter).remembers:
+        return None, None
+    from specviz.core.memory import Memory, RunMemory
+    from specviz.models import datastore
+
+    memory = datastore.memory_for(pair, visitor=RunMemory(datastore.vocab_size(pair)))
+    return memory, Memory(datastore=memory.datastore)
 
 
 def generation_config(args: argparse.Namespace) -> GenerationConfig:

