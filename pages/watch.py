@@ -306,6 +306,9 @@ def _inspector(rounds: tuple[RoundTrace, ...], cur: pb.Cursor, s: Settings, L: A
     left, right = st.columns([2, 3], gap="large")
     with left:
         st.markdown(f"**Inspect {L['round_name'].format(n=r.index + 1).lower()}**")
+        helper = watch.helper_sentence(r)
+        if helper:
+            st.caption(helper)
         if state.drafts_shown:
             options = list(range(state.drafts_shown))
             default = min(r.n_accepted, state.drafts_shown - 1)

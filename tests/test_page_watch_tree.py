@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specviz.core.trace import RoundTrace, TreeNode, TreeTrace
 from specviz.viz.tree import tree_html
 from tests.test_page_watch import XSS, html, make_app, no_exception, play_to_end, texts
@@ -32,7 +34,7 @@ def test_tree_html_marks_verdicts_and_escapes_text():
 
 def test_chain_rounds_draw_no_tree():
     r = _round([], [])
-    assert tree_html(RoundTrace(*[getattr(r, f) for f in r.__dataclass_fields__ if f != "tree"]), "d2") == ""
+    assert tree_html(replace(r, tree=None), "d2") == ""
 
 
 def test_watch_page_plays_a_tree_run_on_tiny_random():
@@ -85,3 +87,12 @@ def test_a_tree_lane_marks_off_branch_nodes_by_their_own_verdict():
     rejected = _lane_round(["accepted", "rejected", "unreached"], [0], "correction")
     lane = strip.lane_html(rejected, pb.lane_state(rejected, pb.round_frames(rejected) - 1), labels("d5"))
     assert lane.count("sv-rej") == 1 and lane.count("sv-struck") == 1 and "path n = 1 of 3 nodes" in lane
+
+
+def test_the_watch_page_plays_memory_runs_and_says_which_helper_drafted():
+    for drafter in ("suffix", "hybrid"):
+        at = play_to_end(make_app(drafter=drafter, level="d5"))
+        no_exception(at)
+        assert at.radio(key="cfg.drafter").value == drafter
+        if drafter == "hybrid":  # tiny-random's text rarely repeats: the model drafts, and the page says so
+            assert "small draft model drafted this round" in texts(at)

@@ -21,8 +21,10 @@ from specviz.core import metrics
 from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
+from specviz.core.drafters.hybrid import MIN_MATCH as HYBRID_MIN_MATCH, THRESHOLD as HYBRID_THRESHOLD
 from specviz.core.drafters.tree import TreeConfig
 from specviz.core.sampling import SamplingConfig
+from specviz.models import datastore
 from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
 
@@ -86,8 +88,11 @@ METHODS: tuple[Method, ...] = (
            assistant=True),
     Method("hf-lookup", "hf", f"transformers prompt lookup, prompt_lookup_num_tokens={LOOKUP_TOKENS}",
            lookup=True, copying_only=True),
-    Method("ngram", "ours", f"speculative, n-gram (prompt lookup) drafter, γ={LOOKUP_TOKENS}", "ngram", LOOKUP_TOKENS,
-           copying_only=True),
+    Method("ngram", "ours", f"speculative, n-gram (prompt lookup) drafter, γ={LOOKUP_TOKENS}", "ngram", LOOKUP_TOKENS),
+    Method("suffix", "ours", "speculative, memory drafter (suffix match over the text and the datastore; no earlier "
+           "run: every run starts cold)", "suffix"),
+    Method("hybrid", "ours", f"speculative, memory when its match is ≥ {HYBRID_MIN_MATCH} tokens and it expects ≥ "
+           f"{HYBRID_THRESHOLD:g} accepted tokens, else the model drafter (γ=4); starts cold", "hybrid", 4),
 )
 METHODS_BY_NAME = {m.name: m for m in METHODS}
 BASELINE = "target"
@@ -96,8 +101,8 @@ MODES: tuple[Mode, ...] = ("greedy", "sample")
 FULL_PAIRS = ("qwen-coder", "smollm2-135m")
 QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
-# --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 8 minutes on the 2-core CPU
-QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted")
+# --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 15 minutes on the 2-core CPU
+QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 
@@ -252,7 +257,8 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     if method.drafter is None:
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
-        drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive)
+        drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive,
+                                 memory=datastore.shared_memory(method.drafter, pair))  # cold: the datastore only
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)

@@ -27,6 +27,7 @@ from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE, check_sample
 from specviz.core.progress import Progress, drain, with_progress
 from specviz.core.sampling import RuleName, SamplingConfig, acceptance_rule, draft_q, logits_to_probs
 from specviz.models.precision import batch_variant_twin
+from specviz.models import datastore
 
 RULE_TITLES: dict[str, str] = {
     "exact": "exact rule: accept with min(1, p/q), correct from the residual",
@@ -123,7 +124,8 @@ def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str, config: Gener
     if batch_variant:
         yield Progress(0, 2 * config.max_new_tokens, "making the target's int8 twin (first time only)…")
         target = batch_variant_twin(pair.target)
-    made = drafters.build(drafter, pair.draft, pair.target, adaptive=config.adaptive)
+    made = drafters.build(drafter, pair.draft, pair.target, adaptive=config.adaptive,
+                          memory=datastore.shared_memory(drafter, pair))
     return (yield from greedy_comparison(target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids,
                                          batch_variant))
 

@@ -11,11 +11,13 @@ from typing import Any
 from specviz.bench.timing import NOISY_SPREAD
 from specviz.core import drafters
 from specviz.core.engine import autoregressive_program, speculative_program
+from specviz.core.memory import SOURCE_WORDS
 from specviz.core.metrics import Comparison, compare
 from specviz.core.trace import Generation, RoundTrace
 from specviz.host import CpuSample, others_cores
 from specviz.serve.batch import SharedRun, Sharing
 from specviz.settings import Settings
+from specviz.models import datastore
 
 # RoundTrace is the record the page replays: the page takes it from here, not from core
 __all__ = ["BUSY_OTHERS", "AloneRecord", "OthersUse", "RoundTrace", "RunRef", "SharedServer", "baseline_run",
@@ -44,7 +46,8 @@ def run_ref(pair: str, prompt: str, s: Settings) -> RunRef:
 
 def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun:
     """The speculative run, for the server's batch: yields a RoundTrace per round, returns the Generation."""
-    drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive)
+    drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive,
+                             memory=datastore.shared_memory(s.drafter, pair))  # shared by key: no visitor memory
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 
@@ -273,3 +276,14 @@ def no_curve_words(drafter: str) -> str | None:
         return None
     return (f"These curves describe a chain of γ guesses. A run of the {drafters.spec(drafter).title} has no such curve "
             "here: read its tokens per target call and its pass cost above.")
+
+
+def helper_sentence(r: RoundTrace) -> str | None:
+    """Which helper drafted a round and, for a memory draft, where its match was found (None: one helper only)."""
+    if r.memory_source:
+        where = SOURCE_WORDS.get(r.memory_source, r.memory_source)
+        return (f"The memory drafted this round: the text's last {r.match_length} tokens also stood in {where}, "
+                "and it proposed what came next there.")
+    if r.helper == "model":
+        return "The memory had no confident match, so the small draft model drafted this round."
+    return None

@@ -1,0 +1,269 @@
+"""The helper that remembers (core.memory, drafters suffix and hybrid, models.datastore): matches, bounds, exactness, runs that draft from runs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specviz.core import drafters
+from specviz.core.drafters.hybrid import HybridDrafter
+from specviz.core.drafters.model import ModelDrafter
+from specviz.core.drafters.suffix import SuffixConfig, SuffixDrafter, continuation_tree
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.memory import Match, Memory, RunMemory, SuffixIndex
+from specviz.core.progress import drain
+from specviz.core.sampling import SamplingConfig
+from specviz.core.trace import GenerationConfig
+from specviz.models import datastore
+from tests.test_cli import run_json
+from tests.test_engine import TOK, tiny_lm
+from tests.test_tree import V as LAW_V
+from tests.test_tree import chi_square_pvalue, exact_three, first_two_counts, joint_two, law_of_three, output_law, p_law
+from tests.test_tree import branch
+
+
+def brute_longest(docs, ids, max_length, vocab):
+    """The longest suffix of ids (≤ max_length) followed by a token inside one document, by plain scanning."""
+    best = 0
+    for m in range(1, min(max_length, len(ids)) + 1):
+        tail = list(ids[-m:])
+        if any(doc[s:s + m] == tail and s + m < len(doc) for doc in docs for s in range(len(doc) - m + 1)):
+            best = m
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_longest_match_agrees_with_a_plain_scan(seed):
+    rng = random.Random(seed)
+    docs = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(5)]
+    index = SuffixIndex(docs, 4)
+    for _ in range(30):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        m, starts = index.longest_match(ids, 8)
+        assert m == brute_longest(docs, ids, 8, 4)
+        for s in starts.tolist():  # every occurrence really is the suffix, with a token after it in the same document
+            assert index.text[s:s + m].tolist() == ids[-m:] and index.text[s + m] < 4
+
+
+def test_a_match_never_runs_across_two_documents():
+    index = SuffixIndex([[1, 2, 3], [4, 5]], 6)
+    found = index.match([0, 2, 3], "visitor", 8, 8, 8)
+    assert found.length == 0  # [2, 3] ends its document: nothing followed it there
+    found = index.match([9 % 6, 1, 2], "visitor", 8, 8, 8)
+    assert found.length == 2 and found.continuations == ((3,),)  # cut at the document's end, not running into [4, 5]
+
+
+def test_ids_outside_the_vocabulary_are_refused():
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SuffixIndex([[1, 7]], 5)
+
+
+def test_run_memory_stays_bounded_and_drops_the_least_recently_used():
+    mem = RunMemory(vocab_size=50, max_runs=8, max_tokens=200)
+    for run in range(500):  # a soak test's worth of runs
+        mem.note(mem.new_key(), [run % 50] * 30)
+        assert mem.runs <= 8 and mem.tokens <= 200
+    assert mem.runs == 6  # 6 runs of 30 tokens fit 200
+    kept = [seq[0] for seq in mem._runs.values()]
+    assert kept == [(499 - i) % 50 for i in range(5, -1, -1)]  # the newest six, oldest first
+    assert mem.index().tokens == 180
+
+
+def test_a_run_that_grows_is_one_run_not_many():
+    mem = RunMemory(vocab_size=10)
+    key = mem.new_key()
+    for n in range(1, 20):
+        mem.note(key, list(range(n % 10)) * 2)
+    assert mem.runs == 1
+
+
+def test_the_tree_is_ranked_by_frequency_and_its_depth_follows_the_match():
+    match = Match("datastore", 2, ((1, 2, 3), (1, 2, 4), (1, 5, 6), (7, 8, 9)))
+    d = continuation_tree(match, SuffixConfig(spec_factor=1.0, min_prob=0.2), vocab=10)
+    # depth ≤ 2 × 1.0; 1 seen 3/4, 1→2 2/4, then 7, 1→5 and 7→8 1/4 each; 1→2→3 would be depth 3
+    assert d.tree.tokens[0] == 1 and d.tree.parents[0] == -1
+    assert max(d.tree.depths) == 2
+    assert set(zip(d.tree.tokens, d.tree.depths)) == {(1, 1), (2, 2), (7, 1), (5, 2), (8, 2)}
+    assert all(p < i for i, p in enumerate(d.tree.parents))  # parents before children
+    assert d.score == pytest.approx(0.75 + 0.5 + 3 * 0.25)
+    assert len(continuation_tree(match, SuffixConfig(min_prob=0.3), vocab=10).tree.tokens) == 2  # 1 and 1→2 only
+    assert float(d.tree.q[0, 1]) == pytest.approx(0.75) and float(d.tree.q[1, 2]) == pytest.approx(2 / 3)
+    assert not any(d.tree.sampled)  # every node is a pick: the rule tries it as a one-hot draft
+    short = continuation_tree(Match("datastore", 1, match.continuations), SuffixConfig(spec_factor=1.0), vocab=10)
+    assert max(short.tree.depths) == 1  # a one-token match drafts one level
+
+
+def _memory_tree(context, runs):
+    """The suffix drafter's tree after `context` with these earlier runs in memory (vocabulary of the toy laws)."""
+    mem = RunMemory(LAW_V)
+    for seq in runs:
+        mem.note(mem.new_key(), seq)
+    session = SuffixDrafter(Memory(visitor=mem), SuffixConfig(min_prob=0.0)).start(context, SamplingConfig(), LAW_V)
+    return session.best(context, 2).tree
+
+
+@pytest.mark.parametrize("runs", [
+    [[1, 0, 2, 3], [1, 0, 2, 1], [1, 0, 3, 3]],  # a branching tree whose support is smaller than the target's
+    [[1, 0, 2, 2], [1, 0, 2, 2]],  # one branch, twice seen
+    [[1, 0, 3]],  # a single token
+])
+def test_memory_drafts_keep_the_output_law_exactly_p(runs):
+    """Exact enumeration: whatever the memory proposes (q is 0 outside what it saw), three tokens follow p exactly."""
+    context = [1, 0]
+    tree = _memory_tree(context, runs)
+    assert tree.tokens, "the memory must draft something here"
+    p_rows = torch.stack([p_law(context)] + [p_law(context + branch(tree.parents, tree.tokens, i))
+                                            for i in range(len(tree.tokens))])
+    got = law_of_three(context, output_law(tree, p_rows))
+    exact = exact_three(context)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
+    for z in exact:
+        assert got[z] == pytest.approx(exact[z], abs=1e-9), z
+
+
+def _tiny_pair():
+    return tiny_lm(3), tiny_lm(4)
+
+
+def _remembered(runs, vocab):
+    mem = RunMemory(vocab)
+    for seq in runs:
+        mem.note(mem.new_key(), seq)
+    return Memory(visitor=mem)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["suffix", "hybrid"])
+def test_sampled_memory_runs_follow_the_target_law_tiny(kind):
+    """Chi-square on the first two tokens; the memory holds continuations of the prompt, and every draw adds one."""
+    target, draft = _tiny_pair()
+    prompt = [1, 5, 2, 7]
+    rng = random.Random(0)
+    memory = _remembered([prompt + [rng.randrange(12) for _ in range(4)] for _ in range(12)], 12)
+    made = SuffixDrafter(memory, SuffixConfig(min_prob=0.05)) if kind == "suffix" else \
+        HybridDrafter(memory, ModelDrafter(draft), threshold=0.5, min_match=1)
+    sampling = SamplingConfig("sample", temperature=2.0, top_k=6)
+    draws = 2500
+    counts, picks = first_two_counts(target, made, TOK, prompt, sampling, draws)
+    pvalue, bins = chi_square_pvalue(counts, joint_two(target, prompt, sampling), draws)
+    assert bins >= 10 and picks > 500  # memory drafts really were tried, many times
+    assert pvalue > 1e-3
+
+
+def _greedy(n):
+    return GenerationConfig(max_new_tokens=n, gamma=4, stop_at_eos=False)
+
+
+@pytest.mark.parametrize("kind", ["suffix", "hybrid"])
+def test_greedy_runs_are_identical_and_the_second_run_drafts_from_the_first(kind):
+    target, draft = _tiny_pair()
+    prompt = [1, 5, 2, 7, 1, 5, 3, 9, 4]  # longer than the hybrid's MIN_MATCH: its second run's first round is memory's
+    base = drain(autoregressive_generate(target, TOK, prompt, _greedy(30)))
+    memory = Memory(visitor=RunMemory(12))
+    made = drafters.build(kind, draft, target, memory=memory)
+    first = drain(speculative_generate(target, made, TOK, prompt, _greedy(30)))
+    second = drain(speculative_generate(target, made, TOK, prompt, _greedy(30)))
+    assert first.tokens == base.tokens == second.tokens
+    assert len(second.rounds) <= 3 < len(first.rounds)  # 30 tokens in a few target calls, from memory
+    assert {r.memory_source for r in second.rounds if r.draft_ids} == {"visitor"}
+    if kind == "hybrid":
+        assert {r.helper for r in first.rounds} <= {"memory", "model"} and "model" in {r.helper for r in first.rounds}
+        assert all(r.draft_ms > 0 for r in second.rounds if r.draft_ids)  # the lookup is billed to the round
+
+
+def test_a_run_without_visitor_memory_remembers_nothing():
+    target, _ = _tiny_pair()
+    made = SuffixDrafter(Memory())
+    prompt = [3, 1, 4, 1, 5]
+    a = drain(speculative_generate(target, made, TOK, prompt, _greedy(20)))
+    b = drain(speculative_generate(target, made, TOK, prompt, _greedy(20)))
+    assert [r.draft_ids for r in a.rounds] == [r.draft_ids for r in b.rounds]
+    assert "visitor" not in {r.memory_source for r in b.rounds}
+
+
+# ------------------------------------------------------------------------------------------
+# the datastore and the command line
+# ------------------------------------------------------------------------------------------
+
+
+class _Tok:
+    """A byte tokenizer (ids 0..255), for datastores built in a test."""
+
+    def __call__(self, text):
+        return {"input_ids": list(text.encode("utf-8"))}
+
+
+@pytest.fixture
+def sources(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "lib"
+    (root / "pkg").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "a.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "pkg" / "b.py").write_text("def sub(a, b):\n    return a - b\n")
+    (root / "test" / "t.py").write_text("assert False\n")  # tests are left out
+    return root
+
+
+def test_the_datastore_is_bounded_checked_and_refused_when_damaged_or_foreign(sources):
+    tok = _Tok()
+    datastore.build("toy", tok, 256, max_tokens=40, root=sources)
+    m = datastore.manifest("toy")
+    assert m["tokens"] == 40 and m["files"] == 2 and m["max_tokens"] == 40
+    index = datastore.load("toy", tok, 256)
+    assert index.tokens == 40
+    assert index.match(list(b"def add(a, b):\n"), "datastore", 32, 8, 8).continuations == (tuple(b"    retu"),)
+
+    class Other(_Tok):
+        def __call__(self, text):
+            return {"input_ids": [min(255, b + 1) for b in text.encode("utf-8")]}
+
+    with pytest.raises(datastore.DatastoreError, match="another tokenizer"):
+        datastore.load("toy", Other(), 256)
+    data = datastore.folder("toy") / "tokens.npz"
+    raw = bytearray(data.read_bytes())
+    raw[-10] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(datastore.DatastoreError, match="sha256"):
+        datastore.load("toy", tok, 256)
+    rebuilt = datastore.ensure("toy", tok, 256)  # a damaged one is built again (from this Python's own sources)
+    assert rebuilt.tokens == datastore.manifest("toy")["tokens"] > 40
+    with pytest.raises(datastore.DatastoreError, match="no datastore"):
+        datastore.load("missing", tok, 256)
+
+
+def test_source_files_leave_tests_out_and_keep_a_fixed_order(sources):
+    names = [p.relative_to(sources).as_posix() for p in datastore.source_files(sources)]
+    assert names == ["a.py", "pkg/b.py"]
+
+
+def test_generate_runs_prints_one_result_per_run_and_the_second_drafts_from_the_first():
+    res = run_json("--pair", "tiny-random", "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--drafter",
+                   "suffix", "--runs", "2", "--baseline")
+    first, second = res["runs"]
+    assert first["tokens"] == second["tokens"] and first["identical_to_baseline"] and second["identical_to_baseline"]
+    assert second["target_calls"] < first["target_calls"]
+    assert {r["memory_source"] for r in second["rounds"] if r["draft_tokens"]} >= {"visitor"}
+    assert json.dumps(res)  # plain JSON all the way down
+    assert all("measured_c" in r for r in res["runs"])
+
+
+def test_the_registry_names_the_memory_drafters():
+    assert {"suffix", "hybrid"} <= set(drafters.names())
+    assert drafters.spec("suffix").remembers and not drafters.spec("suffix").needs_draft_model
+    assert drafters.spec("hybrid").needs_draft_model and drafters.spec("hybrid").remembers
+    assert not any(drafters.spec(n).remembers for n in ("model", "ngram", "tree"))
+
+
+def test_memory_index_of_many_runs_is_rebuilt_only_when_something_changed():
+    mem = RunMemory(20)
+    mem.note(mem.new_key(), [1, 2, 3])
+    first = mem.index()
+    assert mem.index() is first
+    mem.note(mem.new_key(), [4, 5])
+    assert mem.index() is not first and isinstance(mem.index().text, np.ndarray)
+    assert list(mem._runs.values()) == [(1, 2, 3), (4, 5)]
