@@ -166,7 +166,8 @@ def test_the_app_lock_installs_with_resolution_and_serves_the_app(tmp_path: Path
                 page = browser.new_page()
                 page.set_default_timeout(600_000)
                 page.goto(url)
-                expect(page.get_by_label("Model pair (draft → target)")).to_have_value(re.compile("Qwen"))
+                # the first script run in a new venv compiles every module it imports (no .pyc yet): seconds, not 5
+                expect(page.get_by_label("Model pair (draft → target)")).to_have_value(re.compile("Qwen"), timeout=120_000)
                 prompt = page.get_by_label("Prompt (the models continue this text)")
                 prompt.fill("def add(a, b):")
                 prompt.press("Control+Enter")
