@@ -267,3 +267,11 @@ def test_memory_index_of_many_runs_is_rebuilt_only_when_something_changed():
     mem.note(mem.new_key(), [4, 5])
     assert mem.index() is not first and isinstance(mem.index().text, np.ndarray)
     assert list(mem._runs.values()) == [(1, 2, 3), (4, 5)]
+
+
+@pytest.mark.parametrize("runs", ["0", "21"])
+def test_generate_refuses_a_runs_count_out_of_range_in_one_line(runs):
+    from tests.test_cli import assert_one_error_line, run_cli
+
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--runs", runs, in_process=True)
+    assert_one_error_line(done, 2, "--runs must be in 1..20")
