@@ -36,7 +36,7 @@ def cmd_build_datastore(args: argparse.Namespace) -> int:
     pair = models.load_pair(name, progress=stderr_progress(args.quiet))
     t0 = time.perf_counter()
     datastore.build(name, pair.tokenizer, datastore.vocab_size(pair),
-                    max_tokens=args.max_tokens or datastore.MAX_TOKENS, progress=_bar(args.quiet))
+                    max_tokens=args.max_tokens or datastore.MAX_TOKENS, progress=stderr_progress(args.quiet))
     datastore.load(name, pair.tokenizer, datastore.vocab_size(pair))  # the check a run makes
     print(datastore_line(name, time.perf_counter() - t0))
     return 0
@@ -51,16 +51,3 @@ def datastore_line(name: str, seconds: float) -> str:
             f"(Python {m.get('python')}), sha256 {str(m.get('sha256'))[:12]}…, in {seconds:.1f} s "
             f"({datastore.folder(name)})")
 
-
-def _bar(quiet: bool):
-    """Progress on stderr every 100,000 tokens."""
-    import sys
-
-    shown = [0]
-
-    def report(done: int, total: int) -> None:
-        if not quiet and done // 100_000 > shown[0]:
-            shown[0] = done // 100_000
-            print(f"datastore: {done:,} of {total:,} tokens", file=sys.stderr, flush=True)
-
-    return report

@@ -58,16 +58,15 @@ class SuffixIndex:
         hi = bisect.bisect_right(self.sa, pattern, key=lambda i: text[i:i + m].tolist(), lo=lo)
         return lo, hi
 
-    def _occurs(self, pattern: list[int], end: int | None) -> np.ndarray:
-        """Start positions of pattern that have at least one token after them (before `end`, when given)."""
+    def _occurs(self, pattern: list[int]) -> np.ndarray:
+        """Start positions of pattern that have a token after them in the same document."""
         lo, hi = self._range(pattern)
         starts = np.asarray(self.sa[lo:hi])
-        follow = starts + len(pattern)
-        keep = follow < (self.text.size if end is None else end)
-        starts = starts[keep]
-        return starts[self.text[starts + len(pattern)] < self.vocab_size]  # a separator is not a continuation
+        # every document ends with a separator, so starts + len(pattern) stays inside the text; a separator is not
+        # a continuation
+        return starts[self.text[starts + len(pattern)] < self.vocab_size]
 
-    def longest_match(self, ids: Sequence[int], max_length: int, end: int | None = None) -> tuple[int, np.ndarray]:
+    def longest_match(self, ids: Sequence[int], max_length: int) -> tuple[int, np.ndarray]:
         """The longest m ≤ max_length with ids[-m:] followed by something here, and the start positions of ids[-m:].
 
         Whether ids[-m:] occurs is monotone in m (an occurrence of a longer suffix holds one of every shorter one),
@@ -78,24 +77,22 @@ class SuffixIndex:
         lo, hi = 1, len(tail)
         while lo <= hi:
             m = (lo + hi) // 2
-            found = self._occurs(tail[len(tail) - m:], end)
+            found = self._occurs(tail[len(tail) - m:])
             if found.size:
                 best, starts, lo = m, found, m + 1
             else:
                 hi = m - 1
         return best, starts
 
-    def match(self, ids: Sequence[int], source: str, max_length: int, depth: int, max_occurrences: int,
-              end: int | None = None) -> Match:
+    def match(self, ids: Sequence[int], source: str, max_length: int, depth: int, max_occurrences: int) -> Match:
         """The longest match of ids' suffix, and up to `depth` tokens after each of its latest occurrences."""
-        m, starts = self.longest_match(ids, max_length, end)
+        m, starts = self.longest_match(ids, max_length)
         if not m:
             return Match(source, 0, ())
         latest = np.sort(starts)[::-1][:max_occurrences]  # later in the store = more recent (runs are appended)
-        stop = self.text.size if end is None else end
         conts = []
         for s in latest.tolist():
-            follow = self.text[s + m: min(s + m + depth, stop)]
+            follow = self.text[s + m: s + m + depth]
             cut = np.flatnonzero(follow >= self.vocab_size)
             conts.append(tuple((follow[: cut[0]] if cut.size else follow).tolist()))
         return Match(source, m, tuple(conts))
@@ -156,11 +153,6 @@ class RunMemory:
                 self._index = SuffixIndex(list(self._runs.values()), self.vocab_size)
             return self._index
 
-    def clear(self) -> None:
-        with self._lock:
-            self._runs.clear()
-            self._index = None
-
 
 @dataclass(frozen=True, eq=False)
 class Memory:
@@ -169,10 +161,6 @@ class Memory:
     visitor: RunMemory | None = None  # this visitor's (or this command's) earlier runs on the pair
     shared: RunMemory | None = None  # every pupil's earlier runs: only when the operator turned class-wide memory on
     datastore: SuffixIndex | None = None  # read-only text built on this machine (`specviz build-datastore`)
-
-    @property
-    def class_wide(self) -> bool:
-        return self.shared is not None
 
     def sources(self) -> tuple[tuple[str, SuffixIndex], ...]:
         """The indexes to search and their sources, the visitor's own first (a tie goes to the nearest memory)."""

@@ -13,13 +13,13 @@ import hashlib
 import json
 import re
 import sysconfig
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specviz.core.memory import Memory, RunMemory, SuffixIndex
+from specviz.models.base import LoadProgress
 from specviz.models.locate import cache_dir
 
 FORMAT = 1
@@ -53,7 +53,7 @@ def tokenizer_id(tokenizer: Any) -> str:
 
 
 def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX_TOKENS, root: Path | None = None,
-          progress: Callable[[int, int], None] | None = None) -> Path:
+          progress: LoadProgress | None = None) -> Path:
     """Tokenize the sources file by file until max_tokens, write ids, file offsets and a manifest; return the folder."""
     if max_tokens < 1:
         raise ValueError("a datastore holds at least one token")
@@ -61,9 +61,8 @@ def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX
     if not files:
         raise DatastoreError(f"no Python sources found under {root or sysconfig.get_paths()['stdlib']}")
     chunks: list[np.ndarray] = []
-    used: list[str] = []
-    total = 0
-    for n, path in enumerate(files):
+    total = shown = 0
+    for path in files:
         try:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
@@ -71,10 +70,10 @@ def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX
         ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int32)[: max_tokens - total]
         if ids.size:
             chunks.append(ids)
-            used.append(path.name)
             total += int(ids.size)
-        if progress is not None:
-            progress(total, max_tokens)
+        if progress is not None and total * 10 // max_tokens > shown:  # one line per tenth of the bound
+            shown = total * 10 // max_tokens
+            progress(total / max_tokens, f"datastore: {total:,} of {max_tokens:,} tokens")
         if total >= max_tokens:
             break
     if not chunks:
@@ -91,7 +90,7 @@ def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX
     digest = _sha256(part)
     part.replace(out / "tokens.npz")
     manifest = {"format": FORMAT, "pair": pair_name, "source": "the Python standard library's .py files",
-                "files": len(used), "tokens": int(tokens.size), "max_tokens": max_tokens, "sha256": digest,
+                "files": len(chunks), "tokens": int(tokens.size), "max_tokens": max_tokens, "sha256": digest,
                 "tokenizer": tokenizer_id(tokenizer), "vocab_size": vocab_size,
                 "python": sysconfig.get_python_version()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
@@ -125,7 +124,7 @@ def load(pair_name: str, tokenizer: Any, vocab_size: int) -> SuffixIndex:
 
 
 def ensure(pair_name: str, tokenizer: Any, vocab_size: int,
-           progress: Callable[[int, int], None] | None = None) -> SuffixIndex:
+           progress: LoadProgress | None = None) -> SuffixIndex:
     """The datastore, built first when this pair has none (or a damaged or foreign one)."""
     try:
         return load(pair_name, tokenizer, vocab_size)
@@ -145,7 +144,7 @@ def _sha256(path: Path) -> str:
 _LOADED: dict[tuple[str, str], SuffixIndex] = {}  # one index per pair and cache folder, shared by every visitor (read-only)
 
 
-def for_pair(pair: Any, progress: Callable[[int, int], None] | None = None) -> SuffixIndex:
+def for_pair(pair: Any, progress: LoadProgress | None = None) -> SuffixIndex:
     """The loaded pair's datastore, loaded once per process (built first when missing)."""
     pair_name = pair.spec.name
     key = (pair_name, str(folder(pair_name)))

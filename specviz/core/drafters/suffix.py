@@ -12,6 +12,7 @@ stays exact whatever the memory proposes; the q rows it records are its empirica
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -55,14 +56,27 @@ class MemoryDraft:
     score: float  # the expected number of accepted tokens by the memory's own counts (the sum of its path probabilities)
 
 
-def continuation_tree(match: Match, config: SuffixConfig, vocab: int) -> MemoryDraft:
-    """The most frequent continuations of a match as a tree: best first by path probability, parents before children."""
+@dataclass(frozen=True)
+class Ranked:
+    """A match's continuations ranked into tree nodes (no q yet: only the winning source's tree gets one)."""
+
+    source: str
+    match_length: int
+    tokens: tuple[int, ...]  # node tokens, parents before children, siblings in try order
+    parents: tuple[int, ...]  # parent node of each (-1 = the root)
+    probs: tuple[float, ...]  # each node's path probability by the memory's counts
+
+    @property
+    def score(self) -> float:
+        """The expected number of accepted tokens by the memory's own counts."""
+        return sum(self.probs)
+
+
+def rank_continuations(match: Match, config: SuffixConfig) -> Ranked:
+    """The most frequent continuations of a match as tree nodes: best first by path probability."""
     depth_cap = min(config.max_depth, max(1, int(match.length * config.spec_factor)))
     total = len(match.continuations)
-    counts: dict[tuple[int, ...], int] = {}
-    for cont in match.continuations:
-        for d in range(1, min(len(cont), depth_cap) + 1):
-            counts[cont[:d]] = counts.get(cont[:d], 0) + 1
+    counts = Counter(cont[:d] for cont in match.continuations for d in range(1, min(len(cont), depth_cap) + 1))
     children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
     for prefix in counts:
         children.setdefault(prefix[:-1], []).append(prefix)
@@ -82,11 +96,21 @@ def continuation_tree(match: Match, config: SuffixConfig, vocab: int) -> MemoryD
         probs.append(-neg)
         for c in children.get(prefix, ()):
             heapq.heappush(heap, (-counts[c] / total, c))
-    q = torch.zeros(len(tokens) + 1, vocab)  # (n+1, V): the memory's own frequencies after the root and each node
-    for i, (tok, par) in enumerate(zip(tokens, parents)):
-        q[par + 1, tok] = probs[i] / (probs[par] if par >= 0 else 1.0)
-    tree = DraftTree(tokens=tuple(tokens), parents=tuple(parents), sampled=(False,) * len(tokens), q=q)
-    return MemoryDraft(tree, match.source if tokens else "", match.length, sum(probs))
+    return Ranked(match.source if tokens else "", match.length, tuple(tokens), tuple(parents), tuple(probs))
+
+
+def as_draft(ranked: Ranked, vocab: int) -> MemoryDraft:
+    """The ranked nodes as a DraftTree whose q rows are the memory's own frequencies after the root and each node."""
+    q = torch.zeros(len(ranked.tokens) + 1, vocab)  # (n+1, V)
+    for i, (tok, par) in enumerate(zip(ranked.tokens, ranked.parents)):
+        q[par + 1, tok] = ranked.probs[i] / (ranked.probs[par] if par >= 0 else 1.0)
+    tree = DraftTree(tokens=ranked.tokens, parents=ranked.parents, sampled=(False,) * len(ranked.tokens), q=q)
+    return MemoryDraft(tree, ranked.source, ranked.match_length, ranked.score)
+
+
+def continuation_tree(match: Match, config: SuffixConfig, vocab: int) -> MemoryDraft:
+    """The most frequent continuations of a match as a tree (ranked, then given its q rows)."""
+    return as_draft(rank_continuations(match, config), vocab)
 
 
 def with_source(trace: RoundTrace, draft: MemoryDraft | None) -> RoundTrace:
@@ -114,11 +138,11 @@ class SuffixSession(Session):
         text = SuffixIndex([ids], self.vocab_size)
         found = [text.match(ids, "text", cfg.max_match, depth, cfg.max_occurrences)]
         found += [index.match(ids, source, cfg.max_match, depth, cfg.max_occurrences) for source, index in self.sources]
-        drafts = [continuation_tree(m, cfg, self.vocab_size) for m in found if m.length]
-        empty = MemoryDraft(DraftTree((), (), (), torch.zeros(1, self.vocab_size)), "", 0, 0.0)
-        best = max(drafts, key=lambda d: d.score, default=empty)  # max keeps the first of equals
-        self.last = best
-        return best
+        ranked = [rank_continuations(m, cfg) for m in found if m.length]
+        # q rows (a vocabulary-wide row per node) are made for the winner only; max keeps the first of equals
+        top = max(ranked, key=lambda r: r.score, default=Ranked("", 0, (), (), ()))
+        self.last = as_draft(top, self.vocab_size)
+        return self.last
 
     def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]:
         yield from ()  # a memory needs no model pass
