@@ -18,7 +18,7 @@ from specviz.serve.worker import JobView
 from specviz.app.settings import shown
 from specviz.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
-from specviz.app.sidebar import settings, write_page_query
+from specviz.app.sidebar import current_policy, settings, write_page_query
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
@@ -440,6 +440,39 @@ def _drafter_verdict(ref: RunRef, s: Settings, device: str) -> None:
         st.warning(line, icon=":material/speed:")
 
 
+def _memory_note(s: Settings) -> None:
+    """Before a remembering run: what it may draft from on this server (and, loudly, when that is the whole class)."""
+    if not watch.remembers(s):
+        return
+    if current_policy().class_memory:
+        st.info(watch.memory_words(True), icon=":material/groups:")
+    else:
+        st.caption(watch.memory_words(False))
+
+
+def _second_time(ref: RunRef, s: Settings) -> None:
+    """A drafter that remembers: predict the second run, then compare it with the first (same settings, this visitor)."""
+    if not watch.remembers(s):
+        return
+    st.subheader("The second time")
+    lesson_md(s.level, "remember")
+    before = ws.previous()
+    now = watch.comparison(*_generations(ref))
+    first = watch.comparison(*_generations(before)) if before is not None else None
+    if now is not None and first is not None and now.speedup and first.speedup:
+        predict.reveal(P, predict_view.SECOND, predict_view.reveal_second(
+            first.speedup, now.speedup, first.tokens_per_target_call, now.tokens_per_target_call))
+    else:
+        predict.ask(P, predict_view.SECOND, "Answer, then press **Play** again once this run has ended: "
+                    "the second run answers it.")
+
+
+def _generations(ref: RunRef) -> tuple[Any, Any]:
+    """A run's and its baseline's Generations (None for one not done, or gone from the runner)."""
+    spec, plain = ws.views(ref)
+    return (spec.generation if spec else None), (plain.generation if plain else None)
+
+
 def _downloads(ref: RunRef) -> None:
     spec, plain = ws.views(ref)
     if not (spec and spec.generation):
@@ -515,6 +548,7 @@ def main() -> None:
     if s.level == "d1":
         _d1_question(bool(spec and spec.finished))
     _controls(has_run=bool(spec and spec.rounds))
+    _memory_note(s)
     if busy := ss.pop(P + "busy", None):
         st.warning(busy, icon=":material/hourglass_top:")
 
@@ -535,7 +569,7 @@ def main() -> None:
             st.caption(f"Ready: {len(prompt.ids)} prompt tokens, {pair.spec.title}. Press **Play** to start.")
         _lessons(None, s)
         return
-    if ref.spec_key != watch.run_ref(pair.spec.name, text, s).spec_key:
+    if ref.asks != watch.run_ref(pair.spec.name, text, s).asks:
         st.info("The prompt or the settings changed since this run. Press **Play** to run them; "
                 "until then the previous run stays on screen.", icon=":material/sync:")
 
@@ -553,6 +587,7 @@ def main() -> None:
     _same_text(ref, s)
     _drafter_verdict(ref, s, pair.device.type)
     _race(ref, s)
+    _second_time(ref, s)
     _downloads(ref)
     st.divider()
     _lessons(ref, s)

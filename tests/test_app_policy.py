@@ -71,6 +71,14 @@ def test_classroom_from_arguments_env_and_secrets_in_that_order():
     assert rules.pairs == ("tiny-random",) and rules.max_new_tokens == 24 and rules.drafters == ("ngram",)
 
 
+def test_class_wide_memory_is_off_unless_the_operator_turns_it_on():
+    assert not load_policy(NAMED, {}, {})[0].class_memory
+    assert not load_policy(NAMED, {policy.ENV_CLASS_MEMORY: "0"}, {"specviz": {"class_memory": "no"}})[0].class_memory
+    assert load_policy(NAMED, {}, {"specviz": {"class_memory": True}})[0].class_memory
+    assert load_policy(NAMED, {policy.ENV_CLASS_MEMORY: "1"}, {})[0].class_memory
+    assert load_policy(NAMED, {}, {}, ["--class-memory"])[0].class_memory
+
+
 def test_bad_operator_settings_fall_back_safely_and_are_logged():
     env = {policy.ENV_CLASSROOM: "1", policy.ENV_PAIR: "hf:/etc,/root", policy.ENV_MAX_NEW: "lots",
            policy.ENV_DRAFTERS: "oracle", policy.ENV_WAITING: "1000"}

@@ -32,16 +32,20 @@ def test_a_class_mix_puts_half_the_sessions_on_presets():
 
 
 @pytest.mark.slow
-def test_eight_sessions_at_once_all_correct_with_bounded_memory(capsys):
-    """Half the class on presets: two pupils on one preset are served by one run (the same recorded trace)."""
-    report = loadtest.run_loadtest(loadtest.LoadConfig(sessions=SESSIONS, timeout_s=600, preset_share=0.5))
+@pytest.mark.parametrize("drafter, class_memory", [("model", False), ("hybrid", True)])
+def test_eight_sessions_at_once_all_correct_with_bounded_memory(capsys, drafter, class_memory):
+    """Half the class on presets: two pupils on one preset are served by one run (the same recorded trace), unless
+    the drafter remembers: then each pupil's run is their own (here with the class's memory on)."""
+    report = loadtest.run_loadtest(loadtest.LoadConfig(sessions=SESSIONS, timeout_s=600, preset_share=0.5,
+                                                       drafter=drafter, class_memory=class_memory))
     figures = report.as_dict()
     with capsys.disabled():
         print(f"\nload test, {SESSIONS} sessions: {figures}")
     assert figures["failures"] == [], figures["failures"]
     assert report.passed == SESSIONS
     assert figures["on_presets"] == 4 and figures["distinct_prompts"] == 7
-    assert list(figures["runs_per_shared_prompt"].values()) == [1]  # the code preset: two sessions, one run
+    # the code preset: two sessions, one run (two runs when each remembers for its own visitor)
+    assert list(figures["runs_per_shared_prompt"].values()) == [1 if drafter == "model" else 2]
     assert all(r.latency_s is not None for r in report.results)
     # every pupil saw a round drawn before the whole result was there (or at the latest with it)
     assert all(r.first_round_s is not None and 0 < r.first_round_s <= r.latency_s for r in report.results)
@@ -74,3 +78,8 @@ def test_a_full_queue_is_a_message_not_an_error(monkeypatch):
     no_exception(at)
     assert loadtest.BUSY_TEXT in texts(at) and "try again in a minute" in texts(at)
     assert at.button(key="watch.play").label == "Play"  # not stuck "playing" a run that does not exist
+
+
+def test_loadtest_refuses_an_unknown_drafter_in_one_line(capsys):
+    assert main(["loadtest", "--drafter", "telepathy"]) == 2
+    assert "telepathy" in capsys.readouterr().err

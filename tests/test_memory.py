@@ -275,3 +275,46 @@ def test_generate_refuses_a_runs_count_out_of_range_in_one_line(runs):
 
     done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--runs", runs, in_process=True)
     assert_one_error_line(done, 2, "--runs must be in 1..20")
+
+
+# ------------------------------------------------------------------------------------------
+# A shared server's memories: each visitor's own, the class's only when asked, all bounded
+# ------------------------------------------------------------------------------------------
+
+
+def _drafted_from(memory: Memory, ids: list[int]) -> set[str]:
+    """The sources a suffix session finds the end of `ids` in."""
+    return {source for source, index in memory.sources() if index.longest_match(ids, 32)[0] >= len(ids)}
+
+
+def test_a_visitor_drafts_from_their_own_runs_only_unless_the_class_memory_is_given():
+    from specviz.serve.memories import Memories
+
+    store = Memories()
+    secret = [5, 6, 7, 8, 9, 10]
+    ada = store.visitor("browser:ada", "tiny", 64)
+    ada.note(ada.new_key(), secret)
+    bob = store.visitor("browser:bob", "tiny", 64)
+    assert store.visitor("browser:ada", "tiny", 64) is ada and store.visitor("browser:ada", "other", 64) is not ada
+    assert _drafted_from(Memory(visitor=bob), secret[:4]) == set()  # Bob never sees Ada's run
+    assert _drafted_from(Memory(visitor=ada), secret[:4]) == {"visitor"}
+    shared = store.class_wide("tiny", 64)
+    Memory(visitor=ada, shared=shared).note((ada.new_key(), shared.new_key()), secret)
+    assert _drafted_from(Memory(visitor=bob, shared=shared), secret[:4]) == {"class"}
+    assert len({store.next_run() for _ in range(100)}) == 100  # a run number is never reused
+
+
+def test_a_servers_memories_stay_bounded_over_hundreds_of_runs_by_many_visitors():
+    from specviz.serve import memories
+
+    store = memories.Memories(max_visitors=8)
+    rng = random.Random(0)
+    for run in range(600):  # a soak test's worth of runs, from 40 visitors on two pairs
+        owner, pair = f"browser:{rng.randrange(40)}", ("a", "b")[run % 2]
+        doc = [rng.randrange(64) for _ in range(rng.randrange(50, 900))]
+        Memory(visitor=store.visitor(owner, pair, 64), shared=store.class_wide(pair, 64)).note(
+            (run + 1, run + 1), doc)
+        use = store.use()
+        assert use.visitors <= 8
+        assert use.tokens <= 8 * memories.VISITOR_TOKENS + 2 * memories.CLASS_TOKENS
+        assert use.runs <= 8 * memories.VISITOR_RUNS + 2 * memories.CLASS_RUNS

@@ -96,3 +96,37 @@ def test_the_watch_page_plays_memory_runs_and_says_which_helper_drafted():
         assert at.radio(key="cfg.drafter").value == drafter
         if drafter == "hybrid":  # tiny-random's text rarely repeats: the model drafts, and the page says so
             assert "small draft model drafted this round" in texts(at)
+
+
+def test_play_after_a_remembering_run_makes_the_visitors_next_run_and_compares_the_two():
+    at = make_app(drafter="suffix", level="d1")
+    play_to_end(at)
+    first = at.session_state["watch.run"]
+    assert first.spec_key[-1] is not None  # a remembering run is this visitor's own, never shared by settings
+    said = texts(at)
+    assert "never from other visitors' runs" in said and "Class-wide memory is on" not in said
+    assert "second time" in said.lower() and at.radio(key="watch.predict.second") is not None
+    at.radio(key="watch.predict.second").set_value("Much faster").run()
+    play_to_end(at)  # Play at the end of the replay: a new run, which drafts from the first
+    second = at.session_state["watch.run"]
+    assert second.asks == first.asks and second.spec_key != first.spec_key
+    assert second.plain_key == first.plain_key  # the baseline does not remember: it is shared
+    assert at.session_state["watch.previous"] == first
+    assert "Measured: the first run was" in html(at)
+    # the second run found the first in this visitor's memory (greedy: the same text, so it copies it)
+    spec = at.session_state["watch.run"]
+    from specviz.app import jobs
+
+    rounds = jobs.job(spec.spec_key).view().rounds
+    assert any(r.memory_source == "visitor" for r in rounds)
+
+
+def test_the_page_says_when_the_operator_turned_class_wide_memory_on(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CLASS_MEMORY", "1")
+    at = make_app(drafter="hybrid")
+    at.run()
+    no_exception(at)
+    assert "Class-wide memory is on" in texts(at)
+    monkeypatch.setenv("SPECVIZ_CLASS_MEMORY", "0")
+    at.run()
+    assert "Class-wide memory is on" not in texts(at)

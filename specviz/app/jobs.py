@@ -16,6 +16,7 @@ import streamlit as st
 
 from specviz.app import policy as policy_rules
 from specviz.app.pairs import user_error
+from specviz.serve.memories import Memories
 from specviz.serve.worker import Job, JobView, OwnerBusy, Runner, RunnerBusy
 from specviz.app.sidebar import current_policy
 
@@ -34,6 +35,12 @@ def runner() -> Runner:
     """
     sys.setswitchinterval(0.001)
     return Runner(user_error)
+
+
+@st.cache_resource(show_spinner=False)
+def memories() -> Memories:
+    """Every visitor's run memory on this server, and the class's (drafted from only when the operator turned it on)."""
+    return Memories()
 
 
 def job(key: Key) -> Job | None:

@@ -33,6 +33,7 @@ ENV_MAX_NEW = "SPECVIZ_CLASSROOM_MAX_NEW"  # classroom: the largest max-new-toke
 ENV_DRAFTERS = "SPECVIZ_CLASSROOM_DRAFTERS"  # classroom: drafters pupils may use, comma-separated
 ENV_WAITING = "SPECVIZ_MAX_WAITING"  # waiting runs per browser
 ENV_LIVE_BATCH = "SPECVIZ_CLASSROOM_LIVE_BATCH"  # classroom: "1" lets pupils start the batch lab's live measurement
+ENV_CLASS_MEMORY = "SPECVIZ_CLASS_MEMORY"  # "1": remembering drafters also draft from every visitor's earlier runs
 SECRETS_TABLE = "specviz"
 WAITING_PER_BROWSER = 4  # two Play presses (each queues a run and its baseline): a class of 30 waits behind 120 at most
 WAITING_RANGE = (1, 20)
@@ -59,6 +60,9 @@ class Policy:
     drafters: tuple[str, ...] = field(default_factory=drafter_registry.names)  # drafters visitors may use (default: every one)
     waiting_per_browser: int = WAITING_PER_BROWSER  # queued runs one browser may have at once
     live_batch: bool = False  # classroom: the batch lab may measure live (it holds the shared worker for minutes)
+    # remembering drafters draft from every visitor's earlier runs, not only the visitor's own: faster for a class on
+    # the same presets, but one pupil's text can then appear among another's drafted tokens (off unless the operator asks)
+    class_memory: bool = False
 
     @property
     def batch_lab_live(self) -> bool:
@@ -118,7 +122,7 @@ def _int_in(raw: Any, lo: int, hi: int, what: str, problems: list[str]) -> int |
 
 
 def _arguments(argv: Sequence[str]) -> argparse.Namespace:
-    """`streamlit run app.py -- --classroom --pair NAME --max-new N --drafters model,ngram --allow-pair P`."""
+    """`streamlit run app.py -- --classroom --pair NAME --max-new N --drafters model,ngram --allow-pair P --class-memory`."""
     parser = argparse.ArgumentParser(prog="app.py", add_help=False)
     parser.add_argument("--classroom", action="store_true")
     parser.add_argument("--pair")
@@ -127,6 +131,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--allow-pair", dest="allow", action="append", default=[])
     parser.add_argument("--max-waiting", dest="max_waiting")
     parser.add_argument("--live-batch", dest="live_batch", action="store_true")
+    parser.add_argument("--class-memory", dest="class_memory", action="store_true")
     known, _ = parser.parse_known_args(list(argv))
     return known
 
@@ -166,7 +171,9 @@ def load_policy(named: Sequence[str], env: Mapping[str, str], secrets: Mapping[s
                     max_new_tokens=max_new if (classroom and max_new) else APP_MAX_NEW_RANGE[1],
                     drafters=tuple(drafters) if classroom else known,
                     waiting_per_browser=waiting or WAITING_PER_BROWSER,
-                    live_batch=bool(args.live_batch) or _flag(env.get(ENV_LIVE_BATCH, "")) or _flag(room.get("live_batch", False)))
+                    live_batch=bool(args.live_batch) or _flag(env.get(ENV_LIVE_BATCH, "")) or _flag(room.get("live_batch", False)),
+                    class_memory=(bool(args.class_memory) or _flag(env.get(ENV_CLASS_MEMORY, ""))
+                                  or _flag(table.get("class_memory", False))))
     if policy.pair is not None and policy.pair not in policy.named + policy.allowed:
         problems.append(f"classroom pair {policy.pair!r} is neither a named nor an allowed pair: ignored")
         policy = replace(policy, pair=None)

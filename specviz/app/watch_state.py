@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
 
 from specviz.app import jobs
 from specviz.app.settings import shown
-from specviz.app.sidebar import read_query
+from specviz.app.sidebar import current_policy, read_query
+from specviz.core.memory import Memory
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
+from specviz.models import datastore
 from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.serve.worker import JobView
 from specviz.settings import MAX_PROMPT_CHARS, Settings
@@ -72,6 +75,11 @@ def views(run: RunRef | None) -> tuple[JobView | None, JobView | None]:
         return None, None
     spec, plain = jobs.job(run.spec_key), jobs.job(run.plain_key)
     return (spec.view() if spec else None), (plain.view() if plain else None)
+
+
+def previous() -> RunRef | None:
+    """The run this visitor made before the one on screen, with the same settings and a drafter that remembers."""
+    return ss.get(P + "previous")
 
 
 def rounds() -> tuple[RoundTrace, ...]:
@@ -138,11 +146,14 @@ def handle_play(pair: Any, prompt: Any, s: Settings) -> None:
 
     Submitting is idempotent: a run that exists (queued, running or done) is reused, and a
     failed or stopped one is queued again, so Play never repeats model work that is on record.
+    A drafter that remembers is the exception: Play at the end of its replay starts a new run,
+    which drafts from the one before (the lesson's "second time").
     """
     if not ss.pop(P + "play_request", False):
         return
-    old, new = ref(), watch.run_ref(pair.spec.name, prompt.text, s)
-    busy = jobs.submit({new.spec_key: lambda: watch.speculative_run(pair, prompt.ids, s),
+    old, new = ref(), _asked_run(pair.spec.name, prompt.text, s)
+    make_memory = _memory_maker(pair, s)
+    busy = jobs.submit({new.spec_key: lambda: watch.speculative_run(pair, prompt.ids, s, make_memory()),
                         new.plain_key: lambda: watch.baseline_run(pair, prompt.ids, s)}, shared=True)
     if busy:
         ss[P + "busy"] = busy  # shown after the rerun that puts the Play button back
@@ -151,14 +162,50 @@ def handle_play(pair: Any, prompt: Any, s: Settings) -> None:
     if old is None or old.spec_key != new.spec_key:
         if old is not None:
             jobs.cancel_unshared(old.keys, new.keys)
+        # a remembering run after one with the same settings: the page compares the two (the lesson's "second time")
+        ss[P + "previous"] = old if old is not None and watch.remembers(s) and old.asks == new.asks else None
         ss[P + "run"] = new
         ss[P + "frame"] = 0
         ss[P + "race_t0"] = None
-    else:
-        spec, _ = views(new)
-        if spec and spec.finished and ss[P + "frame"] >= pb.total_frames(spec.rounds) - 1:
-            ss[P + "frame"] = 0  # at the end: play again from the start
+    elif _replayed_to_end(new):
+        ss[P + "frame"] = 0  # at the end: play again from the start
     ss[P + "playing"] = True
+
+
+def _replayed_to_end(run: RunRef) -> bool:
+    """The run is done and its replay stands at its last frame."""
+    spec, _ = views(run)
+    return bool(spec and spec.finished and ss[P + "frame"] >= pb.total_frames(spec.rounds) - 1)
+
+
+def _asked_run(pair_name: str, text: str, s: Settings) -> RunRef:
+    """The run a Play asks for: shared by settings, or, for a drafter that remembers, this visitor's own.
+
+    A remembering run on screen with the same settings is resumed while it computes or replays; once replayed to
+    its end (or gone from the runner), Play makes the visitor's next run, numbered anew so it is never shared.
+    """
+    asked = watch.run_ref(pair_name, text, s)
+    if not watch.remembers(s):
+        return asked
+    old = ref()
+    if old is not None and old.asks == asked.asks and jobs.job(old.spec_key) is not None and not _replayed_to_end(old):
+        return old
+    return watch.run_ref(pair_name, text, s, run=(jobs.owner_id(), jobs.memories().next_run()))
+
+
+def _memory_maker(pair: Any, s: Settings) -> Callable[[], Memory | None]:
+    """What the run's drafter remembers, built in the worker (the datastore may load there): this visitor's own runs
+    on the pair, the class's only when the operator turned class-wide memory on, and the datastore."""
+    if not watch.remembers(s):
+        return lambda: None
+    owner, class_wide, store = jobs.owner_id(), current_policy().class_memory, jobs.memories()
+
+    def make() -> Memory:
+        vocab, name = datastore.vocab_size(pair), pair.spec.name
+        return datastore.memory_for(pair, visitor=store.visitor(owner, name, vocab),
+                                    shared=store.class_wide(name, vocab) if class_wide else None)
+
+    return make
 
 
 # ------------------------------------------------------------------------------------------

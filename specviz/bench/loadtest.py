@@ -52,6 +52,8 @@ class LoadConfig:
     timeout_s: float = 600.0  # a session that has no result by then fails
     stagger_s: float = 0.05  # seconds between session starts (a class does not click in the same millisecond)
     preset_share: float = 0.0  # share of the sessions on CLASS_PRESETS (a realistic class: 0.5); the rest type their own
+    drafter: str = "model"  # the Watch page's drafter for every session (a remembering one makes each session's run its own)
+    class_memory: bool = False  # the server's operator turned class-wide memory on (SPECVIZ_CLASS_MEMORY=1)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.preset_share <= 1.0:
@@ -113,6 +115,7 @@ class LoadReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "sessions": self.config.sessions, "pair": self.config.pair, "max_new_tokens": self.config.max_new_tokens,
+            "drafter": self.config.drafter, "class_memory": self.config.class_memory,
             "on_presets": sum(r.prompt in CLASS_PROMPTS for r in self.results),
             "distinct_prompts": len({r.prompt for r in self.results}),
             "runs_per_shared_prompt": self.shared_runs(),
@@ -143,9 +146,10 @@ def free_port() -> int:
 class Server:
     """`streamlit run app.py` in a child process, with the repo's .streamlit/config.toml (as the README starts it)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, class_memory: bool = False) -> None:
         self.port = port or free_port()
-        env = {**os.environ, "SPECVIZ_SHOW_TEST_PAIR": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "SPECVIZ_SHOW_TEST_PAIR": "1", "PYTHONUNBUFFERED": "1",
+               "SPECVIZ_CLASS_MEMORY": "1" if class_memory else "0"}
         cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(self.port),
                "--server.address", "127.0.0.1"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -351,7 +355,8 @@ async def _run_session(base: str, index: int, cfg: LoadConfig,
     # autoplay=1: the link starts the run by itself, as a teacher's shared link would; the client
     # then only does what a browser does while it waits (fragment auto-reruns)
     query = urllib.parse.urlencode({"pair": cfg.pair, "prompt": prompt, "max_new": cfg.max_new_tokens,
-                                    "gamma": cfg.gamma, "mode": "greedy", "speed": "fastest", "autoplay": 1})
+                                    "gamma": cfg.gamma, "mode": "greedy", "drafter": cfg.drafter, "speed": "fastest",
+                                    "autoplay": 1})
     ws_url = base.replace("http://", "ws://") + "/_stcore/stream"
     t_play, end = time.time(), time.time() + cfg.timeout_s
     refused, max_ahead, first_round = 0, 0, None
@@ -449,7 +454,7 @@ def run_loadtest(cfg: LoadConfig, server: Server | None = None) -> LoadReport:
     """Start a server (unless given one), run `cfg.sessions` sessions at once, and report."""
     reference = greedy_references(cfg.pair, cfg.max_new_tokens, {cfg.prompt(i) for i in range(cfg.sessions)}).__getitem__
     own = server is None
-    server = server or Server()
+    server = server or Server(class_memory=cfg.class_memory)
     try:
         server.wait_ready()
         _warm(server, cfg)
@@ -466,7 +471,8 @@ def run_loadtest(cfg: LoadConfig, server: Server | None = None) -> LoadReport:
 
 def _warm(server: Server, cfg: LoadConfig) -> None:
     """One session first, so the pair is loaded before the clock starts (a class arrives after the teacher)."""
-    warm = LoadConfig(sessions=1, pair=cfg.pair, max_new_tokens=2, gamma=cfg.gamma, timeout_s=cfg.timeout_s)
+    warm = LoadConfig(sessions=1, pair=cfg.pair, max_new_tokens=2, gamma=cfg.gamma, timeout_s=cfg.timeout_s,
+                      drafter=cfg.drafter)  # a remembering drafter's datastore loads here too
     first = asyncio.run(_run_session(server.url, 10_000, warm, None))
     if not first.ok:
         raise RuntimeError(f"the warm-up session failed: {first.error}")

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from specviz.cli.common import CliError, resolve_pair_name
+from specviz.core import drafters
 
 
 def add_loadtest(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +26,10 @@ def add_loadtest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--class-mix", action="store_true",
                    help="a realistic class: half the sessions on the presets code, list and story (sessions on one "
                    "preset share one run), half on prompts of their own")
+    p.add_argument("--drafter", choices=drafters.names(), default="model", help="the drafter every session uses (default model; see `specviz "
+                   "drafters`): suffix and hybrid remember, so each session's run is its own")
+    p.add_argument("--class-memory", action="store_true",
+                   help="start the server with class-wide memory on (remembering drafters draft from every session's runs)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_loadtest)
 
@@ -36,7 +41,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     from specviz.bench import loadtest
 
     config = loadtest.LoadConfig(sessions=args.sessions, pair=pair, max_new_tokens=args.max_new_tokens,
-                                 timeout_s=args.timeout, preset_share=0.5 if args.class_mix else 0.0)
+                                 timeout_s=args.timeout, preset_share=0.5 if args.class_mix else 0.0,
+                                 drafter=args.drafter, class_memory=args.class_memory)
     report = loadtest.run_loadtest(config).as_dict()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -58,7 +64,9 @@ def check_loadtest_arguments(args: argparse.Namespace) -> None:
 def print_loadtest(report: dict[str, Any]) -> None:
     """The load test's report as a few lines: sessions, latency, the queue, memory, and every failure."""
     lat = report["latency_s"]
-    print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} in {report['wall_s']} s; "
+    memory = ", class-wide memory on" if report["class_memory"] else ""
+    print(f"sessions: {report['passed']}/{report['sessions']} correct on {report['pair']} ({report['drafter']}{memory}) "
+          f"in {report['wall_s']} s; "
           f"{report['on_presets']} on presets, {report['distinct_prompts']} distinct prompts")
     if report["runs_per_shared_prompt"]:
         print("runs serving each prompt several sessions asked for (1 = shared): " + ", ".join(

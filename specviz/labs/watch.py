@@ -11,7 +11,7 @@ from typing import Any
 from specviz.bench.timing import NOISY_SPREAD
 from specviz.core import drafters
 from specviz.core.engine import autoregressive_program, speculative_program
-from specviz.core.memory import SOURCE_WORDS
+from specviz.core.memory import SOURCE_WORDS, Memory
 from specviz.core.metrics import Comparison, compare
 from specviz.core.trace import Generation, RoundTrace
 from specviz.host import CpuSample, others_cores
@@ -21,7 +21,7 @@ from specviz.models import datastore
 
 # RoundTrace is the record the page replays: the page takes it from here, not from core
 __all__ = ["BUSY_OTHERS", "AloneRecord", "OthersUse", "RoundTrace", "RunRef", "SharedServer", "baseline_run",
-           "comparison", "others_while", "run_ref", "speculative_run", "step_spread"]
+           "comparison", "others_while", "remembers", "run_ref", "speculative_run", "step_spread"]
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,35 @@ class RunRef:
     def keys(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return self.spec_key, self.plain_key
 
+    @property
+    def asks(self) -> tuple[Any, ...]:
+        """The pair, prompt and settings of the run, without whose run it is (what the page compares with its widgets)."""
+        return self.spec_key[:5]
 
-def run_ref(pair: str, prompt: str, s: Settings) -> RunRef:
-    """The keys of a run with these settings (γ and the drafter do not change the baseline, so it is shared)."""
-    return RunRef(("watch.spec", pair, prompt, s.drafter, s.generation_config()),
+
+def remembers(s: Settings) -> bool:
+    """Whether the run's drafter drafts from earlier runs: then each run is its visitor's own, never shared by key."""
+    return drafters.spec(s.drafter).remembers
+
+
+def run_ref(pair: str, prompt: str, s: Settings, run: tuple[str, int] | None = None) -> RunRef:
+    """The keys of a run with these settings (γ and the drafter do not change the baseline, so it is shared).
+
+    `run`: (visitor, run number) for a drafter that remembers. Its drafts depend on the visitor's earlier runs, so two
+    visitors, or one visitor's second Play, must not share one run; None for every other drafter (shared by settings).
+    """
+    return RunRef(("watch.spec", pair, prompt, s.drafter, s.generation_config(), run),
                   ("watch.plain", pair, prompt, s.baseline_config()), prompt, s)
 
 
-def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings) -> SharedRun:
-    """The speculative run, for the server's batch: yields a RoundTrace per round, returns the Generation."""
+def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings, memory: Memory | None = None) -> SharedRun:
+    """The speculative run, for the server's batch: yields a RoundTrace per round, returns the Generation.
+
+    `memory`: what a remembering drafter drafts from (the visitor's own runs, the class's when allowed, the
+    datastore); None gives it the datastore only.
+    """
     drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive,
-                             memory=datastore.shared_memory(s.drafter, pair))  # shared by key: no visitor memory
+                             memory=memory if memory is not None else datastore.shared_memory(s.drafter, pair))
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 
@@ -276,6 +294,16 @@ def no_curve_words(drafter: str) -> str | None:
         return None
     return (f"These curves describe a chain of γ guesses. A run of the {drafters.spec(drafter).title} has no such curve "
             "here: read its tokens per target call and its pass cost above.")
+
+
+def memory_words(class_wide: bool) -> str:
+    """What a remembering drafter may draft from on this server, said before a run (the operator chose class-wide or not)."""
+    if class_wide:
+        return ("**Class-wide memory is on** (the server's operator chose it): the helper drafts from this text, your "
+                "earlier runs, every other visitor's earlier runs and the datastore, so words another pupil typed can "
+                "appear among its guesses.")
+    return ("The helper drafts from this text, your own earlier runs on this model pair and the datastore, never "
+            "from other visitors' runs. Press **Play** again once a run has ended: the next run remembers it.")
 
 
 def helper_sentence(r: RoundTrace) -> str | None:

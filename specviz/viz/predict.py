@@ -32,6 +32,8 @@ RACE = Question("race", "How much faster will the helper make this run?",
                 ("Slower than the big model alone", "About the same", "About twice as fast", "Three times or more"))
 CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, compared with making 1 token?",
                  ("About as long (under 2×)", "A few times as long (2–8×)", "About 16 times as long (over 8×)"))
+SECOND = Question("second", "The second time you run the same text with a helper that remembers, how much faster will it be "
+                  "than the first time?", ("About as fast as the first time", "A little faster", "Much faster"))
 BUSY = Question("busy", "With 16 pupils sharing the big model, how much faster will the helper make it?",
                 ("Still about twice as fast", "A bit faster", "About the same", "Slower than without the helper"))
 
@@ -45,6 +47,25 @@ def busy_choice(speedup: float) -> str:
     if speedup > 0.9:
         return BUSY.choices[2]
     return BUSY.choices[3]
+
+
+def second_choice(first: float, second: float) -> str:
+    """The SECOND choice that the ratio of two measured speed-ups (the second run's over the first's) falls in."""
+    ratio = second / first
+    if ratio < 1.15:
+        return SECOND.choices[0]
+    if ratio < 1.6:
+        return SECOND.choices[1]
+    return SECOND.choices[2]
+
+
+def reveal_second(first: float, second: float, first_tpc: float | None, second_tpc: float | None) -> Reveal:
+    """The second run against the first: both speed-ups, and the tokens each target pass kept."""
+    calls = (f" Each pass of the big model kept {second_tpc:.1f} tokens (the first time: {first_tpc:.1f})."
+             if first_tpc is not None and second_tpc is not None else "")
+    return Reveal(second_choice(first, second), f"Measured: the first run was {first:.2f}× as fast as the big model "
+                  f"alone, the second {second:.2f}×.{calls}",
+                  "The second time the helper found the whole first run in its memory and proposed long stretches of it.")
 
 
 def reveal_busy(batch: int, speedup: float, alone: float) -> Reveal:
