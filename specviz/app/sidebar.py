@@ -109,35 +109,36 @@ def sidebar_settings() -> Settings:
     sb = st.sidebar
     for note in st.session_state.pop(K + "notes", []):
         sb.warning(note, icon=":material/link:")
-    sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True,
+    sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True, persist_state="session",
              help="Changes the words and how much is shown, never the run itself.")
     pair = st.session_state.get(K + "pair", start_pair().pair)
     if rules.classroom and len(rules.pairs) == 1:  # a classroom's pupils see what they may change, nothing else
         sb.markdown(f"**Model pair:** {pair_title(pair)}")
     else:
-        sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=pair_title)
+        sb.selectbox("Model pair (draft → target)", visible_pairs(pair, rules), key=K + "pair", format_func=pair_title,
+                     persist_state="session")
         precision_select(sb, st.session_state[K + "pair"])
         sb.caption(_pair_caption(_pair_from_state()))
         if (start := start_pair()).note and pair == start.pair:
             sb.caption(start.note)
     if len(rules.drafters) > 1:
-        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=_drafter_title, horizontal=False,
+        sb.radio("Drafter", rules.drafters, key=K + "drafter", format_func=_drafter_title, horizontal=False, persist_state="session",
                  help="Who guesses:\n\n" + "\n\n".join(f"**{drafters.spec(d).title}**: {drafters.spec(d).words}"
                                                        for d in rules.drafters))
-    sb.radio("Decoding", MODES, key=K + "mode", format_func=MODE_TITLES.get, horizontal=True,
+    sb.radio("Decoding", MODES, key=K + "mode", format_func=MODE_TITLES.get, horizontal=True, persist_state="session",
              help="Greedy always takes the most likely token; sampling draws from the probabilities.")
     if st.session_state[K + "mode"] == "sample":
         sb.slider("Temperature", *TEMPERATURE_RANGE, step=0.05, key=K + "temperature", persist_state="session")
         sb.slider("Top-p", *TOP_P_RANGE, step=0.05, key=K + "top_p", persist_state="session")
         sb.number_input("Seed", *SEED_RANGE, step=1, key=K + "seed", persist_state="session",
                         help="Same seed, same dice: a sampled run replays exactly.")
-    adaptive = sb.toggle("Adaptive γ", key=K + "adaptive",
+    adaptive = sb.toggle("Adaptive γ", key=K + "adaptive", persist_state="session",
                          help="Let the engine choose the draft length each round: long while the helper is sure "
                          "and right, nothing while drafting does not pay. γ below is then the most it may draft.")
     sb.slider("γ — most tokens guessed per round" if adaptive else "γ — draft length (tokens guessed per round)",
-              *GAMMA_RANGE, key=K + "gamma")
-    sb.slider("Max new tokens", *rules.max_new_range, key=K + "max_new_tokens")
-    sb.toggle("Presenter mode (large type)", key=K + "presenter")
+              *GAMMA_RANGE, key=K + "gamma", persist_state="session")
+    sb.slider("Max new tokens", *rules.max_new_range, key=K + "max_new_tokens", persist_state="session")
+    sb.toggle("Presenter mode (large type)", key=K + "presenter", persist_state="session")
     # checked again on the server, whatever the browser sent
     settings, changed = policy_rules.enforce(_settings_from_state(), rules, start_pair().pair)
     if changed:
@@ -191,7 +192,7 @@ def precision_select(sb: Any, pair: str) -> None:
         label = f"automatic: {models.precision.describe(target)}" if p == AUTO else models.precision.describe(p)
         return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
 
-    sb.selectbox("Target precision", (AUTO, *TARGET_PRECISIONS), key=K + "precision", format_func=title,
+    sb.selectbox("Target precision", (AUTO, *TARGET_PRECISIONS), key=K + "precision", format_func=title, persist_state="session",
                  help="fp32 keeps speculative greedy output identical to the target alone, and so does fp16w: the "
                  "weights stored in half precision (half the memory), every sum still in fp32, each token's row "
                  "computed the same way in a verify pass as in a one-token step. bf16 and int8 halve or "
