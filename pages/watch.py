@@ -527,8 +527,9 @@ def _lessons(ref: RunRef | None, s: Settings) -> None:
         lesson_md("d5", "cpu")
         if spec and spec.rounds:
             chart(watch_view.verify_cost_figure(spec.rounds, plain.rounds if plain else (), L, font_size(s)), P + "cost5")
-    with st.expander("Beyond one draft model: batching, features, trees"):
-        for key in ("batching", "eagle", "trees"):
+    with st.expander("Beyond one draft model: batching, features, trees, memory"):
+        # a remembering drafter's run shows the memory's text above, under "The second time"
+        for key in ("batching", "eagle", "trees") + (() if watch.remembers(s) else ("remember",)):
             lesson_md("d5", key)
     lesson_md("d5", "where")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import re
 import shutil
@@ -482,3 +483,67 @@ def test_a_phone_at_390_px_sees_the_page_and_the_newest_text(server):
         page.screenshot(path=str(_readme_shot("screenshot-phone.png")), clip={"x": 0, "y": top - 16, "width": 390, "height": 1500})
         _record_readme_shot(page, "screenshot-phone.png")
 
+
+
+@pytest.fixture(params=[False, True], ids=["own-memory", "class-memory"])
+def memory_server(request, monkeypatch):
+    """A fresh tiny-pair server, with class-wide memory off (the default) or turned on by its operator."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
+    ARTIFACTS.mkdir(exist_ok=True)
+    monkeypatch.setenv("SPECVIZ_CLASS_MEMORY", "1" if request.param else "0")
+    with streamlit_app(sys.executable, ARTIFACTS / f"streamlit-memory-{request.param}.log") as url:
+        yield url, request.param
+
+
+SECRET_PROMPT = "Ada's diary, page nine: the password to the old garden shed is tangerine walrus, and nobody knows it."
+OTHER_PROMPT = "Ada's diary, page nine: the password to the old garden shed is"  # another pupil's text that ends alike
+
+
+def _memory_run(browser, server: str, prompt: str) -> tuple[list[str], str]:
+    """One pupil's own browser (a fresh context: its own cookies) plays `prompt` with the suffix drafter to the end;
+    every round's drafted text from the trace it downloads, and everything its page shows."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 1800})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(180_000)
+        page.goto(f"{server}/?pair=tiny-random&level=d5&max_new=12&speed=fastest&drafter=suffix&autoplay=1"
+                  f"&prompt={quote(prompt)}")
+        button = page.get_by_role("button", name=re.compile("Download trace \\(JSON\\)"))
+        expect(button).to_be_visible(timeout=180_000)
+        _wait_for_the_replay_end(page, 60)
+        _no_exception(page)
+        with page.expect_download() as got:
+            button.click()
+        trace = json.loads(Path(got.value.path()).read_text(encoding="utf-8"))
+        drafts = ["".join(r["draft_texts"]) for r in trace["speculative"]["rounds"]]
+        return drafts, page.evaluate(PAGE_TEXT)
+    finally:
+        context.close()
+
+
+def test_a_pupil_never_sees_another_pupils_text_in_drafts_unless_class_memory_is_on(memory_server):
+    """Two browsers on one server: the second one's drafts hold the first one's prompt only when the operator turned
+    class-wide memory on (and then the page says so)."""
+    from playwright.sync_api import sync_playwright
+
+    url, class_wide = memory_server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            _memory_run(browser, url, SECRET_PROMPT)
+            drafts, shown = _memory_run(browser, url, OTHER_PROMPT)
+        finally:
+            browser.close()
+    leaked = [d for d in drafts if "walrus" in d or "tangerine" in d]
+    # the link's settings held while the run computed (a run_every fragment's rerun once dropped the sidebar's state)
+    assert "settings changed since this run" not in shown
+    assert ("Class-wide memory is on" in shown) == class_wide
+    if class_wide:
+        assert leaked, drafts  # the class's memory proposed how the first pupil's text went on
+    else:
+        assert not leaked and "walrus" not in shown and "tangerine" not in shown, leaked

@@ -90,7 +90,10 @@ def test_a_tree_lane_marks_off_branch_nodes_by_their_own_verdict():
 
 
 def test_the_watch_page_plays_memory_runs_and_says_which_helper_drafted():
+    from specviz.app import jobs
+
     for drafter in ("suffix", "hybrid"):
+        jobs.memories.clear()  # AppTest sessions share one session id: without this the hybrid remembers the suffix run
         at = play_to_end(make_app(drafter=drafter, level="d5"))
         no_exception(at)
         assert at.radio(key="cfg.drafter").value == drafter

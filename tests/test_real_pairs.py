@@ -70,3 +70,60 @@ def qwen_baselines():
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_qwen_coder_greedy_identity(qwen_pair, qwen_baselines, prompt_name, gamma):
     _check_identity(qwen_pair, qwen_baselines, prompt_name, gamma, ModelDrafter(qwen_pair.draft))
+
+
+# ------------------------------------------------------------------------------------------
+# The helper that remembers, on real weights: identical when greedy, the target's law when sampling
+# ------------------------------------------------------------------------------------------
+
+
+def _memory_drafter(kind: str, pair, memory):
+    from specviz.core.drafters.hybrid import HybridDrafter
+    from specviz.core.drafters.suffix import SuffixDrafter
+
+    # the hybrid with a low bar, so its memory really drafts on these short prompts
+    return SuffixDrafter(memory) if kind == "suffix" else HybridDrafter(memory, ModelDrafter(pair.draft), threshold=0.5,
+                                                                        min_match=1)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kind", ["suffix", "hybrid"])
+def test_smollm2_memory_drafters_are_identical_and_the_second_run_copies_the_first(smollm, smollm_baselines, kind):
+    from specviz.core.memory import RunMemory
+    from specviz.models import datastore
+
+    memory = datastore.memory_for(smollm, visitor=RunMemory(datastore.vocab_size(smollm)))
+    made = _memory_drafter(kind, smollm, memory)
+    _check_identity(smollm, smollm_baselines, "code", 4, made)  # the first run: the datastore and the text
+    _check_identity(smollm, smollm_baselines, "code", 4, made)  # the second: from the first, too
+    ids = smollm.tokenizer(PROMPTS["code"])["input_ids"]
+    second = drain(speculative_generate(smollm.target, made, smollm.tokenizer, ids, _config(4)))
+    assert second.tokens == smollm_baselines["code"].tokens
+    assert len(second.rounds) <= 4 and "visitor" in {r.memory_source for r in second.rounds}
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
+    """Chi-square on the first two tokens of real SmolLM2 runs, the memory holding earlier sampled runs of the prompt.
+
+    The hybrid, whose rounds are memory trees and draft-model chains in turn, covers both rules on real weights (each
+    draw takes about 0.13 s here); tests/test_memory.py runs the same check for the suffix drafter and the hybrid on
+    tiny models, with more draws."""
+    from specviz.core.memory import Memory, RunMemory
+    from specviz.models import datastore
+    from tests.test_tree import chi_square_pvalue, first_two_counts, joint_two
+
+    ids = smollm.tokenizer(PROMPTS["story"])["input_ids"]
+    sampling = SamplingConfig("sample", temperature=1.0, top_k=6)
+    visitor = RunMemory(datastore.vocab_size(smollm))
+    for seed in range(6):  # what this visitor ran before: the prompt and a few sampled continuations
+        earlier = drain(autoregressive_generate(smollm.target, smollm.tokenizer, ids, GenerationConfig(
+            max_new_tokens=4, sampling=SamplingConfig("sample", temperature=1.0, top_k=6, seed=seed), stop_at_eos=False)))
+        visitor.note(visitor.new_key(), ids + list(earlier.tokens))
+    made = _memory_drafter("hybrid", smollm, Memory(visitor=visitor))
+    draws = 600
+    counts, picks = first_two_counts(smollm.target, made, smollm.tokenizer, ids, sampling, draws)
+    pvalue, bins = chi_square_pvalue(counts, joint_two(smollm.target, ids, sampling), draws)
+    assert bins >= 10 and picks > 150  # memory drafts were tried, many times
+    assert pvalue > 1e-3, (pvalue, bins)
