@@ -82,9 +82,9 @@ def test_a_run_that_grows_is_one_run_not_many():
 
 
 def test_the_tree_is_ranked_by_frequency_and_its_depth_follows_the_match():
-    match = Match("datastore", 2, ((1, 2, 3), (1, 2, 4), (1, 5, 6), (7, 8, 9)))
-    d = continuation_tree(match, SuffixConfig(spec_factor=1.0, min_prob=0.2), vocab=10)
-    # depth ≤ 2 × 1.0; 1 seen 3/4, 1→2 2/4, then 7, 1→5 and 7→8 1/4 each; 1→2→3 would be depth 3
+    match = Match("datastore", 8, ((1, 2, 3), (1, 2, 4), (1, 5, 6), (7, 8, 9)))
+    d = continuation_tree(match, SuffixConfig(max_depth=2, min_prob=0.2), vocab=10)
+    # depth ≤ 2; 1 seen 3/4, 1→2 2/4, then 7, 1→5 and 7→8 1/4 each; 1→2→3 would be depth 3
     assert d.tree.tokens[0] == 1 and d.tree.parents[0] == -1
     assert max(d.tree.depths) == 2
     assert set(zip(d.tree.tokens, d.tree.depths)) == {(1, 1), (2, 2), (7, 1), (5, 2), (8, 2)}
@@ -93,8 +93,25 @@ def test_the_tree_is_ranked_by_frequency_and_its_depth_follows_the_match():
     assert len(continuation_tree(match, SuffixConfig(min_prob=0.3), vocab=10).tree.tokens) == 2  # 1 and 1→2 only
     assert float(d.tree.q[0, 1]) == pytest.approx(0.75) and float(d.tree.q[1, 2]) == pytest.approx(2 / 3)
     assert not any(d.tree.sampled)  # every node is a pick: the rule tries it as a one-hot draft
-    short = continuation_tree(Match("datastore", 1, match.continuations), SuffixConfig(spec_factor=1.0), vocab=10)
-    assert max(short.tree.depths) == 1  # a one-token match drafts one level
+    # a short match drafts little: no deeper and no more nodes than it is long (× spec_factor)
+    for length, nodes in ((1, (1,)), (2, (1, 2)), (3, (1, 2, 3))):  # ties at 1/4 go by the tokens
+        short = continuation_tree(Match("datastore", length, match.continuations), SuffixConfig(min_prob=0.2), vocab=10)
+        assert short.tree.tokens == nodes and max(short.tree.depths) <= length
+
+
+def test_a_short_datastore_match_drafts_nothing_but_a_short_match_in_the_text_does():
+    mem = RunMemory(LAW_V)
+    mem.note(mem.new_key(), [3, 1, 2, 0, 1, 2, 0])
+    config = SuffixConfig(datastore_min_match=3, min_prob=0.0)
+    store = SuffixIndex([[3, 1, 2, 0, 1, 2, 0]], LAW_V)
+    context = [2, 3, 1, 2]  # ends in "3 1 2" only in the stores; "1 2" also earlier in this text
+    session = SuffixDrafter(Memory(datastore=store), config).start(context, SamplingConfig(), LAW_V)
+    assert session.best(context, 4).source == "datastore"  # a 3-token match in the datastore drafts
+    short = [0, 0, 2, 0]  # "2 0" is 2 tokens long in the datastore: too short to draft from there
+    session = SuffixDrafter(Memory(datastore=store), config).start(short, SamplingConfig(), LAW_V)
+    assert session.best(short, 4).source == "text"  # the text's own "0" match still drafts (its 1-token match)
+    session = SuffixDrafter(Memory(visitor=mem), config).start(short, SamplingConfig(), LAW_V)
+    assert session.best(short, 4).source == "visitor"  # the floor is the datastore's only
 
 
 def _memory_tree(context, runs):
