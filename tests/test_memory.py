@@ -47,6 +47,9 @@ def test_longest_match_agrees_with_a_plain_scan(seed):
         assert m == brute_longest(docs, ids, 8, 4)
         for s in starts.tolist():  # every occurrence really is the suffix, with a token after it in the same document
             assert index.text[s:s + m].tolist() == ids[-m:] and index.text[s + m] < 4
+        for least in (2, 3, 5):  # the hybrid's search: only matches at least this long count
+            shortest, _ = index.longest_match(ids, 8, min_length=least)
+            assert shortest == (m if m >= least else 0)
 
 
 def test_a_match_never_runs_across_two_documents():

@@ -66,15 +66,21 @@ class SuffixIndex:
         # a continuation
         return starts[self.text[starts + len(pattern)] < self.vocab_size]
 
-    def longest_match(self, ids: Sequence[int], max_length: int) -> tuple[int, np.ndarray]:
-        """The longest m ≤ max_length with ids[-m:] followed by something here, and the start positions of ids[-m:].
+    def longest_match(self, ids: Sequence[int], max_length: int, min_length: int = 1) -> tuple[int, np.ndarray]:
+        """The longest m in min_length..max_length with ids[-m:] followed by something here, and the start positions
+        of ids[-m:] (m = 0: none that long).
 
         Whether ids[-m:] occurs is monotone in m (an occurrence of a longer suffix holds one of every shorter one),
-        so m is found by a binary search: a few suffix-array searches per round.
+        so m is found by a binary search: a few suffix-array searches per round, one when not even min_length occurs.
         """
         tail = list(ids[-max_length:])
         best, starts = 0, np.zeros(0, dtype=np.int64)
-        lo, hi = 1, len(tail)
+        lo, hi = max(1, min_length), len(tail)
+        if lo > 1 and lo <= hi:  # the shortest length asked for first: usually it is all a cold lookup has to try
+            found = self._occurs(tail[len(tail) - lo:])
+            if not found.size:
+                return best, starts
+            best, starts, lo = lo, found, lo + 1
         while lo <= hi:
             m = (lo + hi) // 2
             found = self._occurs(tail[len(tail) - m:])
@@ -84,9 +90,11 @@ class SuffixIndex:
                 hi = m - 1
         return best, starts
 
-    def match(self, ids: Sequence[int], source: str, max_length: int, depth: int, max_occurrences: int) -> Match:
-        """The longest match of ids' suffix, and up to `depth` tokens after each of its latest occurrences."""
-        m, starts = self.longest_match(ids, max_length)
+    def match(self, ids: Sequence[int], source: str, max_length: int, depth: int, max_occurrences: int,
+              min_length: int = 1) -> Match:
+        """The longest match of ids' suffix (at least min_length long), and up to `depth` tokens after each of its
+        latest occurrences."""
+        m, starts = self.longest_match(ids, max_length, min_length)
         if not m:
             return Match(source, 0, ())
         latest = np.sort(starts)[::-1][:max_occurrences]  # later in the store = more recent (runs are appended)

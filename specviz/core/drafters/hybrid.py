@@ -21,7 +21,7 @@ from specviz.core.clock import ms_since
 from specviz.core.drafters import Parts
 from specviz.core.drafters.model import ModelDrafter
 from specviz.core.drafters.model import from_parts as model_from_parts
-from specviz.core.drafters.suffix import MemoryDraft, SuffixConfig, SuffixSession, with_source
+from specviz.core.drafters.suffix import MemoryDraft, Ranked, SuffixConfig, SuffixSession, as_draft, with_source
 from specviz.core.memory import Memory
 from specviz.core.rounds import ChainSession, Draft, Kept, Round, RunTools, Session, Steps, chain_round
 from specviz.core.sampling import SamplingConfig
@@ -62,7 +62,7 @@ class HybridSession(Session):
         assert self._tree is not None, "a memory round is chosen only after the memory answered"
         return self._tree.tree
 
-    def confident(self, found: MemoryDraft) -> bool:
+    def confident(self, found: Ranked) -> bool:
         """Whether the memory drafts this round."""
         return found.match_length >= self.min_match and found.score >= self.threshold
 
@@ -71,9 +71,12 @@ class HybridSession(Session):
         lookup_ms = 0.0
         if min(r.gamma, r.budget - 1) > 0:
             t = clock.now()
-            found = self.memory.best(r.ids, r.budget - 1)
+            # only matches as long as the bar are searched for, and q rows are made only for a tree that drafts: a
+            # round the model drafts pays one suffix-array search per source
+            ranked = self.memory.rank(r.ids, r.budget - 1, min_length=self.min_match)
+            found = as_draft(ranked, self.memory.vocab_size) if self.confident(ranked) else None
             lookup_ms = ms_since(t)
-            if self.confident(found):
+            if found is not None:
                 self._tree = found
                 trace = yield from tree_round(self, r, tools)
                 return replace(with_source(trace, found), helper="memory", draft_ms=trace.draft_ms + lookup_ms)

@@ -139,18 +139,23 @@ class SuffixSession(Session):
         self.keys = memory.new_keys()
         self.last: MemoryDraft | None = None  # the latest proposal (the hybrid and the trace read where it came from)
 
-    def best(self, ids: Sequence[int], max_depth: int) -> MemoryDraft:
-        """The most promising tree over every source (by expected accepted tokens); this text first on a tie."""
+    def rank(self, ids: Sequence[int], max_depth: int, min_length: int = 1) -> Ranked:
+        """The most promising continuations over every source (by expected accepted tokens; this text first on a
+        tie), from matches at least `min_length` long (the datastore's at least `datastore_min_match`); no q yet."""
         cfg = self.config
         depth = min(cfg.max_depth, max_depth)
         text = SuffixIndex([ids], self.vocab_size)
-        found = [text.match(ids, "text", cfg.max_match, depth, cfg.max_occurrences)]
-        found += [index.match(ids, source, cfg.max_match, depth, cfg.max_occurrences) for source, index in self.sources]
-        ranked = [rank_continuations(m, cfg) for m in found
-                  if m.length >= (cfg.datastore_min_match if m.source == "datastore" else 1)]
-        # q rows (a vocabulary-wide row per node) are made for the winner only; max keeps the first of equals
-        top = max(ranked, key=lambda r: r.score, default=Ranked("", 0, (), (), ()))
-        self.last = as_draft(top, self.vocab_size)
+        found = [text.match(ids, "text", cfg.max_match, depth, cfg.max_occurrences, min_length)]
+        found += [index.match(ids, source, cfg.max_match, depth, cfg.max_occurrences,
+                              max(min_length, cfg.datastore_min_match) if source == "datastore" else min_length)
+                  for source, index in self.sources]
+        ranked = [rank_continuations(m, cfg) for m in found if m.length]
+        return max(ranked, key=lambda r: r.score, default=Ranked("", 0, (), (), ()))  # max keeps the first of equals
+
+    def best(self, ids: Sequence[int], max_depth: int) -> MemoryDraft:
+        """The most promising tree over every source, with its q rows (made for the winner only: a vocabulary-wide
+        row per node)."""
+        self.last = as_draft(self.rank(ids, max_depth), self.vocab_size)
         return self.last
 
     def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]:
