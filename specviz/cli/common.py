@@ -71,7 +71,7 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
         "--target-precision", choices=limits.TARGET_PRECISIONS, default=None,
         help="precision of the target: fp32 and fp16w (fp16 weights, fp32 arithmetic; CPUs with fbgemm) keep greedy "
         "output identical to the target alone; bf16 and int8 are smaller (and faster with native bf16 / int8) but not "
-        "bit-exact (default: fp16w where it works and is faster here, else fp32 where it fits in memory)",
+        "bit-exact (default: fp16w where it works and fp32 is not clearly faster here, else fp32 where it fits in memory)",
     )
     p.add_argument(
         "--draft-precision", choices=limits.DRAFT_PRECISIONS, default=None,

@@ -7,8 +7,8 @@ practice (row differences ~1e-6); bf16, fp16 and dynamic int8 do not: their per-
 on the pass shape (bf16 up to 2e-4, and int8 computes one activation scale for the whole pass), so
 where the target's top two tokens are that close the two runs pick differently. fp16 *weights* with
 fp32 arithmetic (models.half) keep it: each row is computed alone, padded to row counts measured to
-agree. So the *target* default on a CPU is fp16w where its kernels work and run faster than fp32
-(half the memory), else fp32 where it fits; the draft (whose precision never touches the promise)
+agree. So the *target* default on a CPU is fp16w where its kernels work, unless fp32 runs clearly faster
+(fp16w takes half the memory), else fp32 where it fits; the draft (whose precision never touches the promise)
 gets whatever is measured fastest here.
 """
 
@@ -37,6 +37,8 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16w": torch.float32,
 # bytes per weight: int8 and fp16w change nn.Linear only; the embedding stays fp32 (see weight_bytes)
 _BYTES = {"fp32": 4.0, "fp16w": 2.0, "bf16": 2.0, "int8": 1.0}
 _CLEAR_WIN = 0.8  # bf16 must beat the alternative by this factor: one noisy probe on a shared CPU must not flip the choice
+# and fp32 must beat fp16w by it to be the default target: on a 2-core AMX Xeon one row took 0.9-1.4 ms either way and
+# the order flipped between processes, and a class server that drew fp32 held 7.4 GB and served 30 pupils 5x slower
 _FIT_SHARE = 0.6  # the fp32 pair must fit in this share of the machine's RAM (the OS, the app and the KV caches need the rest)
 # fp16w is the default only for targets at least this big in fp32: a step of a small target (SmolLM2-135M: 0.5 GB)
 # is bound by per-layer overhead, not by reading weights, so halving them buys little and changes its numbers
@@ -259,8 +261,8 @@ def choose(
     """Fill in the precisions not asked for: the target keeps the promise where it can, the draft runs fastest.
 
     Target: on a CPU, fp16w (fp16 weights, fp32 arithmetic: bit-exact, half the memory) for a target
-    of 1 GB or more in fp32 where its kernels work here and a measured row runs faster than fp32 (or the fp32
-    pair does not fit); else fp32 when the fp32 pair fits in
+    of 1 GB or more in fp32 where its kernels work here, unless a measured fp32 row runs clearly faster (by
+    `_CLEAR_WIN`) and the fp32 pair fits; else fp32 when the fp32 pair fits in
     60 % of the memory, else bf16 (marked not bit-exact). bf16 is faster only with native bf16
     instructions, and even there it breaks the promise (see the module docstring); it stays one click away.
     Draft: on CUDA half precision; on a CPU the faster of int8 (per channel) and bf16 as measured,
@@ -272,9 +274,10 @@ def choose(
     why: list[str] = []
     chosen_target = target
     if chosen_target is None:
-        if pr.fp16w_ms is not None and target_fp32_bytes >= _HALF_FROM and (pr.fp16w_ms < pr.fp32_ms or not fits):
+        fp32_clearly_faster = pr.fp16w_ms is not None and pr.fp32_ms < _CLEAR_WIN * pr.fp16w_ms
+        if pr.fp16w_ms is not None and target_fp32_bytes >= _HALF_FROM and (not fp32_clearly_faster or not fits):
             chosen_target = "fp16w"
-            why.append("target fp16w: half the memory, " + ("faster here, " if pr.fp16w_ms < pr.fp32_ms else
+            why.append("target fp16w: half the memory, " + ("not clearly slower than fp32 here, " if fits else
                        f"as the fp32 pair does not fit ({_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}), ")
                        + "and greedy output stays identical")
         else:
