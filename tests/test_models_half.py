@@ -100,9 +100,6 @@ def test_a_streamed_fp16w_load_equals_converting_a_loaded_fp32_model() -> None:
     assert not streamed.get_input_embeddings().weight.untyped_storage().resizable()
 
 
-FIRST_START_BOUND = 4.75e9  # measured 4.45-4.53 GB; the target is 4.5 GB (see the test's docstring)
-
-
 def _prepare_peak(cache: Path) -> float:
     """Peak RSS in bytes of the default pair's start (`prepare`: weights located, the cache built if missing, loaded)."""
     script = (
@@ -141,10 +138,10 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_
     """The laptop promise, from a cache of its own (whatever this machine's cache holds, and whichever test ran first).
 
     First start: `prepare` from an empty cache, so the GGUF is verified and each compact form is built tensor by
-    tensor before the models load (measured 4.45-4.53 GB here, 9.3 GB when a build held the whole fp32 model);
-    later start: the CLI run with its baseline from that cache (4.44-4.45 GB), at most 4.5 GB (10^9 bytes), loading
-    included; the cache at most 5.5 GB. The first start's 4.5 GB target is not met reliably yet: its bound
-    here, FIRST_START_BOUND, guards the streaming build against a return of the 9 GB peak."""
+    tensor, in a child process, before the models load (measured 4.41 GB on a 2-core AMX Xeon; 4.45-4.54 GB when the
+    build ran in the app's own process, 9.3 GB when it held the whole fp32 model); later start: the CLI run with its
+    baseline from that cache (4.44-4.45 GB). Both at most 4.5 GB (10^9 bytes), loading included, the child's build
+    included (RUSAGE_CHILDREN covers grandchildren); the cache at most 5.5 GB."""
     cache = tmp_path / "cache"
     cache.mkdir()
     try:
@@ -155,7 +152,7 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_
         shutil.rmtree(cache, ignore_errors=True)  # 5.4 GB: pytest keeps its last temp folders
     figures = f"first start {first_peak / 1e9:.2f} GB, later start {later_peak / 1e9:.2f} GB, cache {size / 1e9:.2f} GB"
     print(figures)  # pytest -rP shows them
-    assert first_peak <= FIRST_START_BOUND and later_peak <= 4.5e9 and size <= 5.5e9, figures
+    assert first_peak <= 4.5e9 and later_peak <= 4.5e9 and size <= 5.5e9, figures
 
 
 def test_a_model_whose_layers_are_not_row_invariant_is_caught(monkeypatch) -> None:

@@ -1,13 +1,22 @@
-"""The safetensors cache of each GGUF source: a folder per form, built from the GGUF (or migrated) and trusted by its manifest."""
+"""The safetensors cache of each GGUF source: a folder per form, built from the GGUF (or migrated) and trusted by its manifest.
+
+A build from the GGUF runs in a child process: however carefully it streams, the heap it leaves behind (the GGUF
+reader's buffers, the tokenizer's build, freed blocks glibc keeps) would stay in the app's process for its whole life,
+and on a first start it pushed the default pair over the 4.5 GB a later start needs. The child's peak is one
+tensor and one shard; when it exits, all of it goes back.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
+import pickle
 import shutil
+import subprocess
+import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,8 +24,8 @@ import torch
 from torch import nn
 
 from specviz.models import stream
-from specviz.models.base import LoadProgress, _no_progress, _oom_as_pair_error, _span
-from specviz.models.cached import _load_cached_tokenizer, _return_freed_memory
+from specviz.models.base import LoadProgress, PairError, _first_line, _no_progress, _oom_as_pair_error, _span
+from specviz.models.cached import _load_cached_tokenizer
 from specviz.models.catalogue import GgufSource
 from specviz.models.stream import Form
 from specviz.models.locate import _verified_gguf, cache_dir
@@ -58,16 +67,69 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
         if form != "fp32" and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
             _migrate(legacy, src, form, final, report)
             return final
-        with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path, _oom_as_pair_error(src.title):
-            report(0.2, f"{src.title}: reading the tokenizer from GGUF")
-            tokenizer = _gguf_tokenizer(gguf_path)
-            config = stream.gguf_config(gguf_path)
-            count, tensors = stream.gguf_tensors(gguf_path, config)
-            _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.25, 1.0))
-        del tensors, tokenizer
-        gc.collect()  # the GGUF reader's and tokenizer's objects sit in reference cycles until collected
-        _return_freed_memory()  # the build's freed heap goes back before the models load
+        with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path:
+            _build_in_child(src, form, final, gguf_path, _span(report, 0.2, 1.0))
     return final
+
+
+def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
+    """Stream a verified GGUF into the cache folder `final` (the child process's whole job)."""
+    with _oom_as_pair_error(src.title):
+        report(0.0, f"{src.title}: reading the tokenizer from GGUF")
+        tokenizer = _gguf_tokenizer(gguf_path)
+        config = stream.gguf_config(gguf_path)
+        count, tensors = stream.gguf_tensors(gguf_path, config)
+        _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.06, 1.0))
+
+
+def _build_in_child(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
+    """Run _build_from_gguf in a fresh Python process, relaying its progress; its failure is one PairError line."""
+    job = pickle.dumps((src, form, str(final), str(gguf_path)))
+    env = {**os.environ, "SPECVIZ_CACHE": str(cache_dir())}  # the very folder this process holds the lock in
+    proc = subprocess.Popen([sys.executable, "-m", "specviz.models.cache"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=False, env=env)
+    failure = ""
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(job)
+        proc.stdin.close()
+        for raw in proc.stdout:  # one JSON object a line: progress, or the error that ended the build
+            msg = json.loads(raw)
+            if "error" in msg:
+                failure = msg["error"]
+            else:
+                report(msg["f"], msg["m"])
+        code = proc.wait()
+    except BaseException:  # interrupted (Ctrl-C, a stopped app): the child must not build on alone
+        proc.kill()
+        proc.wait()
+        raise
+    if code != 0:
+        if not failure and code < 0:  # killed by a signal: on Linux almost always the out-of-memory killer
+            failure = f"out of memory while building the cache of {src.title}: close other programs or pick a smaller pair"
+        raise PairError(failure or f"building the cache of {src.title} failed (exit {code}); see the messages above")
+
+
+def _child_main() -> int:
+    """The child's side of _build_in_child: the job on stdin, progress and any error as JSON lines on stdout."""
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything a library prints goes to stderr, never into the progress lines
+
+    def say(fraction: float, message: str) -> None:
+        out.write(json.dumps({"f": fraction, "m": message}) + "\n")
+        out.flush()
+
+    src, form, final, gguf_path = pickle.loads(sys.stdin.buffer.read())
+    try:
+        _build_from_gguf(src, form, Path(final), Path(gguf_path), say)
+    except PairError as e:
+        out.write(json.dumps({"error": str(e)}) + "\n")
+        return 1
+    except Exception as e:  # a GGUF its sum vouches for but the reader cannot take: one line for the page, the rest below
+        traceback.print_exc()
+        out.write(json.dumps({"error": f"building the cache of {src.title} failed: {_first_line(e)}"}) + "\n")
+        return 1
+    return 0
 
 
 def _migrate(legacy: Path, src: GgufSource, form: Form, final: Path, report: LoadProgress) -> None:
@@ -203,3 +265,7 @@ def _write_manifest(folder: Path, src: GgufSource, form: Form, checked: int) -> 
         json.dump(manifest, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
