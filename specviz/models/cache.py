@@ -85,9 +85,12 @@ def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, 
 def _build_in_child(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
     """Run _build_from_gguf in a fresh Python process, relaying its progress; its failure is one PairError line."""
     job = pickle.dumps((src, form, str(final), str(gguf_path)))
-    env = {**os.environ, "SPECVIZ_CACHE": str(cache_dir())}  # the very folder this process holds the lock in
-    proc = subprocess.Popen([sys.executable, "-m", "specviz.models.cache"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=False, env=env)
+    root = str(Path(__file__).resolve().parents[2])  # where this specviz is imported from, whatever the child's cwd
+    env = {**os.environ, "SPECVIZ_CACHE": str(cache_dir()),  # the very folder this process holds the lock in
+           "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    code_line = "import sys; from specviz.models.cache import _child_main; sys.exit(_child_main())"
+    proc = subprocess.Popen([sys.executable, "-c", code_line], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=False, env=env)
     failure = ""
     try:
         assert proc.stdin is not None and proc.stdout is not None
@@ -265,7 +268,3 @@ def _write_manifest(folder: Path, src: GgufSource, form: Form, checked: int) -> 
         json.dump(manifest, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main())
