@@ -9,9 +9,9 @@ tensor and one shard; when it exits, all of it goes back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -26,7 +26,7 @@ from torch import nn
 from specviz.models import stream
 from specviz.models.base import LoadProgress, PairError, _first_line, _no_progress, _oom_as_pair_error, _span
 from specviz.models.cached import _load_cached_tokenizer
-from specviz.models.catalogue import GgufSource
+from specviz.models.catalogue import GgufPart, GgufSource
 from specviz.models.stream import Form
 from specviz.models.locate import _verified_gguf, cache_dir
 
@@ -84,7 +84,7 @@ def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, 
 
 def _build_in_child(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
     """Run _build_from_gguf in a fresh Python process, relaying its progress; its failure is one PairError line."""
-    job = pickle.dumps((src, form, str(final), str(gguf_path)))
+    job = json.dumps({"src": dataclasses.asdict(src), "form": form, "final": str(final), "gguf": str(gguf_path)})
     root = str(Path(__file__).resolve().parents[2])  # where this specviz is imported from, whatever the child's cwd
     env = {**os.environ, "SPECVIZ_CACHE": str(cache_dir()),  # the very folder this process holds the lock in
            "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
@@ -94,7 +94,7 @@ def _build_in_child(src: GgufSource, form: Form, final: Path, gguf_path: Path, r
     failure = ""
     try:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(job)
+        proc.stdin.write(job.encode())
         proc.stdin.close()
         for raw in proc.stdout:  # one JSON object a line: progress, or the error that ended the build
             msg = json.loads(raw)
@@ -122,9 +122,10 @@ def _child_main() -> int:
         out.write(json.dumps({"f": fraction, "m": message}) + "\n")
         out.flush()
 
-    src, form, final, gguf_path = pickle.loads(sys.stdin.buffer.read())
+    job = json.loads(sys.stdin.buffer.read())
+    src = GgufSource(**{**job["src"], "parts": tuple(GgufPart(**part) for part in job["src"]["parts"])})
     try:
-        _build_from_gguf(src, form, Path(final), Path(gguf_path), say)
+        _build_from_gguf(src, job["form"], Path(job["final"]), Path(job["gguf"]), say)
     except PairError as e:
         out.write(json.dumps({"error": str(e)}) + "\n")
         return 1
