@@ -137,7 +137,7 @@ class SuffixSession(Session):
         self.memory = memory
         self.sources = memory.sources()  # indexed once, at the run's start: the runs before this one
         self.keys = memory.new_keys()
-        self.last: MemoryDraft | None = None  # the latest proposal (the hybrid and the trace read where it came from)
+        self.last: MemoryDraft | None = None  # the latest proposal (its round's trace reads where it came from)
 
     def rank(self, ids: Sequence[int], max_depth: int, min_length: int = 1) -> Ranked:
         """The most promising continuations over every source (by expected accepted tokens; this text first on a
