@@ -162,3 +162,15 @@ def test_a_model_whose_layers_are_not_row_invariant_is_caught(monkeypatch) -> No
     assert half.rows_agree(pair.target)
     monkeypatch.setattr(half, "padded_rows", lambda n: n)  # no padding: fbgemm's odd kernels for 1, 2, 7, ... rows show
     assert not half.rows_agree(pair.target)
+
+
+def test_the_cache_check_takes_fbgemms_fp16_values_and_catches_one_value_a_step_off() -> None:
+    """fp16w cache check: fbgemm's values of a weight (saturated, subnormals kept) pass; one value an fp16 step off fails."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 64, generator=gen) * torch.logspace(-9, 5, 300)[:, None]  # subnormal to beyond fp16's range
+    values = half.fp16_values(weight)
+    assert values.dtype == torch.float16 and half.is_nearest_fp16(values, weight)
+    off = values.clone()
+    off[150, 7] = torch.tensor(off[150, 7].view(torch.int16).item() + 1, dtype=torch.int16).view(torch.float16)  # the next fp16
+    assert not half.is_nearest_fp16(off, weight)
+    assert not half.is_nearest_fp16(values[1:], weight[:-1] * 1.01)  # another weight

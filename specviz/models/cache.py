@@ -74,7 +74,7 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
 
 def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
     """Stream a verified GGUF into the cache folder `final` (the child process's whole job)."""
-    with _oom_as_pair_error(src.title):
+    with _oom_as_pair_error(src.title), stream.one_gguf_reader(gguf_path):
         report(0.0, f"{src.title}: reading the tokenizer from GGUF")
         tokenizer = _gguf_tokenizer(gguf_path)
         config = stream.gguf_config(gguf_path)

@@ -23,6 +23,7 @@ import torch
 from specviz.models.packed import _rows_agree, layers_of, plain_linear, replace_each
 
 _PROBE_MAX_ROWS = 512  # every pass a step, a chain, a tree or a prompt of up to 512 tokens makes is padded to agree
+_FP16_MAX = 65504.0  # the largest finite fp16; fbgemm's packing saturates larger weights to it
 _PIECE = 32 << 20  # weights packed in row blocks of at most this many values: what fbgemm allocates while packing stays small
 
 
@@ -133,9 +134,24 @@ def fp16_values(weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def same_fp16_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two weights pack to the same fp16 values (compared a row block at a time)."""
-    return a.shape == b.shape and all(torch.equal(x, y) for (_, x), (_, y) in zip(_fp16_blocks(a), _fp16_blocks(b)))
+def is_nearest_fp16(values: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether every stored fp16 value is a nearest fp16 of its fp32 weight, saturated at ±65504 as fbgemm saturates
+    (compared a row block at a time: no fp32 temporaries the size of a whole head).
+
+    The cache's check of an fp16w weight: its values are what fbgemm's packing made of the dequantized weight
+    (`fp16_values`), and a load packs them again, which leaves fp16 values as they are. This checks them against
+    the dequantized weight itself with plain arithmetic, instead of packing that weight a second and third time
+    (two thirds of the 1.5B's build went to fbgemm's packing); any wrong row or value is off by an fp16 step or more.
+    """
+    if values.shape != weight.shape or values.dtype != torch.float16:
+        return False
+    step = max(1, (1 << 22) // max(1, weight.shape[-1]))  # 16 MB temporaries a block
+    for i in range(0, weight.shape[0], step):
+        target = weight[i : i + step].clamp(-_FP16_MAX, _FP16_MAX)
+        half_step = (target.abs() * 2.0**-11).clamp_(min=2.0**-25)  # half an fp16 spacing or more (2^-25: subnormals)
+        if not bool(((values[i : i + step].float() - target).abs() <= half_step).all()):
+            return False
+    return True
 
 
 def _fp16_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
