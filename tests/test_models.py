@@ -474,9 +474,10 @@ def smol_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = locate._locate_all(catalogue.SMOLLM2_135M)[0]  # installed, or fetched from the package index
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    ids = tok("def fibonacci(n):")["input_ids"]
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    with stream.one_gguf_reader(path):  # transformers' own steps, the file's metadata parsed once
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        ids = tok("def fibonacci(n):")["input_ids"]
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     pack_linears(model)  # the same matrix kernels as a loaded pair (none where this CPU keeps torch's)
     reference = logits(model, ids)
     del model

@@ -156,14 +156,25 @@ def test_a_cache_with_a_tensor_of_the_wrong_kind_is_refused(tmp_cache: Path) -> 
         cached._load_cached_model(cache_folder(src, "fp16w"), "Tiny", half=True)
 
 
+@pytest.fixture(scope="module")
+def smol_fp32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's fp32 cache folder streamed from its GGUF into an empty cache, once for the tests below."""
+    root = tmp_path_factory.mktemp("smollm2-fp32")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVIZ_CACHE", str(root))
+        _share_packages(root)
+        return cache.ensure_cached(catalogue.SMOLLM2_135M)
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("form", ["fp16w", "int8"])
-def test_smollm2_from_its_gguf_in_a_compact_form_equals_its_fp32_cache_converted(tmp_cache: Path, form: str) -> None:
+def test_smollm2_from_its_gguf_in_a_compact_form_equals_its_fp32_cache_converted(smol_fp32: Path, tmp_cache: Path,
+                                                                                 form: str) -> None:
     """Real weights, the whole path: GGUF -> dequantize -> form -> file -> load gives the fp32 cache's model in that form."""
     src = catalogue.SMOLLM2_135M
     _share_packages(tmp_cache)
     folder = cache.ensure_cached(src, form=form)
-    fp32_folder = cache.ensure_cached(src)
+    fp32_folder = smol_fp32
     loaded = cached._load_cached_model(folder, src.title, half=form == "fp16w")
     reference = _in_form(cached._load_cached_model(fp32_folder, src.title), form)
     ids = torch.tensor([list(range(100, 140))])
@@ -180,16 +191,15 @@ def _share_packages(tmp_cache: Path) -> None:
 
 
 @pytest.mark.real
-def test_smollm2_streamed_from_its_gguf_equals_transformers_own_gguf_load(tmp_cache: Path) -> None:
+def test_smollm2_streamed_from_its_gguf_equals_transformers_own_gguf_load(smol_fp32: Path) -> None:
     """The cache is built one tensor at a time (never a whole fp32 model in memory), with transformers' own GGUF steps:
     every tensor equals what transformers' from_pretrained makes of the whole file (SmolLM2 is a Llama: its q and k
     rows come permuted in GGUF), and so do the logits."""
     from transformers import AutoModelForCausalLM
 
     src = catalogue.SMOLLM2_135M
-    _share_packages(tmp_cache)
-    folder = cache.ensure_cached(src)
-    with locate._verified_gguf(src, lambda f, m: None) as path:
+    folder = smol_fp32
+    with locate._verified_gguf(src, lambda f, m: None) as path, stream.one_gguf_reader(path):
         reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     loaded = cached._load_cached_model(folder, src.title)
     mine = dict(loaded.named_parameters())
