@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Lowest first, as the README's code map draws them. "shared" is specviz/'s own modules (settings, presets,
 # host); "pages" also holds app.py. A folder may import its own modules and any layer before it.
-LAYERS = ("core", "lessons", "shared", "models", "serve", "bench", "labs", "viz", "app", "cli", "pages")
+LAYERS = ("core", "lessons", "shared", "models", "serve", "train", "bench", "labs", "viz", "app", "cli", "pages")
 
 
 def _layer_of_file(path: Path) -> str:
