@@ -5,7 +5,7 @@ target says, not what people wrote), read back in one target pass each for its l
 and its p. A step takes a window of one sequence: every pair (feature at i, token i+1) in it, and
 the loss is the cross-entropy of the head's guess of token i+2 against the target's p there (over
 the draft vocabulary: the mass outside it cannot be guessed) plus EAGLE's regression of the guessed
-feature on the real one. Seeded: one generator picks windows, torch's own seed sets the init.
+feature on the real one. Seeded: one generator picks the windows (the head's init is seeded where it is built).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TrainConfig:
     lr: float = 3e-3  # AdamW's learning rate (cosine-decayed to a tenth)
     window: int = 64  # pairs per step: a slice of one sequence
     feature_weight: float = 0.1  # EAGLE's feature regression beside the distribution loss
-    seed: int = 0  # the head's init and the order of windows
+    seed: int = 0  # the order of windows (the head's init is seeded by whoever builds it)
 
 
 @torch.inference_mode()
