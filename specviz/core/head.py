@@ -13,6 +13,7 @@ reads), so f̂ is compared with them directly, and a chain feeds f̂ back as the
 from __future__ import annotations
 
 import copy
+
 import torch
 from torch import nn
 from transformers import DynamicCache
