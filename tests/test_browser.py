@@ -80,9 +80,11 @@ def streamlit_app(python: str, log_path: Path, health_timeout: float = 90.0) -> 
                 proc.wait(timeout=15)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def server():
-    """`streamlit run app.py` from this venv on a free port; always stopped at the end, even on failure."""
+    """`streamlit run app.py` from this venv on a free port, shared by this module's tests (each opens its own browser
+    context, so its own session; a start and the pair's load cost several seconds a test); always stopped at the end,
+    even on failure. A fresh server's deep links are the link test's (its own server)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed at /usr/bin/chromium")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -299,8 +301,8 @@ def test_html_in_a_prompt_is_shown_as_text_and_never_runs(server):
         _shot(page, "xss-as-text.png")
 
 
-# (path, the button a pupil presses, what must appear after it); why_cheap first, as a deep link
-# on a fresh server (see app.py and shell.run_page)
+# (path, the button a pupil presses, what must appear after it), each opened as a deep link (a fresh server's deep
+# links: test_every_link_opens_its_page_without_a_dialog_in_chromium)
 LAB_PAGES = (
     ("why_cheap", "Measure pass times", '[data-testid="stPlotlyChart"]'),  # no chart before a measurement
     ("same_answer", "Run both and compare", r"text=/Identical: \d+ of \d+ tokens/"),
