@@ -36,8 +36,8 @@ def tiny():
     prompts = torch.randint(32, 127, (128, 6), generator=gen)  # printable bytes
     with torch.random.fork_rng(devices=[]), torch.inference_mode():
         torch.manual_seed(0)
-        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=64,
-                              min_new_tokens=64, pad_token_id=256)
+        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0, top_p=1.0,
+                              temperature=1.0, max_new_tokens=64, min_new_tokens=64, pad_token_id=256)
     sequences = out.tolist()
     counts = torch.bincount(out.flatten(), minlength=target.config.vocab_size)
     return tok, target, sequences, most_frequent(counts, 192)
@@ -80,7 +80,7 @@ def test_sampled_eagle_runs_follow_the_targets_law_with_a_smaller_vocabulary():
 
 def test_a_head_trained_on_the_targets_own_words_guesses_it_better_and_keeps_more_guesses(tiny):
     """A random tiny target is hard to guess (its p is wide, and random), so the bar is relative: trained against
-    untrained, on continuations never trained on (measured: expected acceptance 0.10 -> 0.22)."""
+    untrained, on continuations never trained on (measured: expected acceptance 0.10 -> 0.23)."""
     tok, target, sequences, vocab = tiny
     held_out = collect(target, sequences[::4], vocab)
     data = collect(target, [s for i, s in enumerate(sequences) if i % 4], vocab)

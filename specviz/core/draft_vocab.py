@@ -44,11 +44,6 @@ class DraftVocab:
         full = torch.zeros(*small.shape[:-1], self.size, dtype=small.dtype, device=small.device)  # (..., V)
         return full.index_copy_(-1, self.ids.to(small.device), small)
 
-    def covers(self, token: int) -> bool:
-        """Whether the draft can ever propose `token`."""
-        i = int(torch.searchsorted(self.ids, torch.tensor(token)))
-        return i < self.n and int(self.ids[i]) == token
-
 
 def most_frequent(counts: torch.Tensor, n: int) -> DraftVocab:
     """The n ids with the highest counts (V,) (ties: the smaller id), as a DraftVocab over V = len(counts)."""

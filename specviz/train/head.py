@@ -28,10 +28,6 @@ class Sequences:
     feats: tuple[torch.Tensor, ...]
     probs: tuple[torch.Tensor, ...]
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(t) for t in self.ids)
-
 
 @dataclass(frozen=True)
 class TrainConfig:

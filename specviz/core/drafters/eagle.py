@@ -30,7 +30,6 @@ class _EagleSession(ChainDraftSession):
             raise ValueError(f"this head drafts over a vocabulary of {head.vocab.size}, the target has {vocab_size}")
         self.head = head
         self.sampling = sampling
-        self.vocab_size = vocab_size
         self.cache = head.new_cache()
         self.real = 0  # pairs in the head's cache built from real features (positions 0..real-1)
         self.feats: list[torch.Tensor] = []  # the target's feature (d,) at each position heard so far
@@ -47,7 +46,7 @@ class _EagleSession(ChainDraftSession):
         yield from ()  # no model pass: the head runs here
         last = len(ids) - 2  # the pair (feature at M-2, token M-1) guesses token M
         if gamma <= 0 or last < 0 or len(self.feats) <= last:
-            return Draft((), torch.zeros(0, self.vocab_size))
+            return Draft((), torch.zeros(0, self.head.vocab.size))
         extra = self.cache.get_seq_length() - self.real
         if extra > 0:
             self.cache.crop(-extra)  # forget last round's guessed pairs (DynamicCache.crop takes a negative count)
