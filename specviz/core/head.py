@@ -39,7 +39,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.layer = type(body.layers[0])(config, layer_idx=0)
         self.rotary = type(body.rotary_emb)(config)
-        self.norm = copy.deepcopy(body.norm)  # starts as the target's final norm
+        self.norm = copy.deepcopy(body.norm).float()  # starts as the target's final norm (held in fp32 whatever the target's form)
         self.lm_head = nn.Linear(d, vocab.n, bias=False)
         with torch.no_grad():
             self.lm_head.weight.copy_(_head_rows(target, vocab))
@@ -52,15 +52,27 @@ class EagleHead(nn.Module):
         return DynamicCache(config=self.config)
 
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor,
-                cache: DynamicCache | None = None) -> torch.Tensor:
-        """Pairs (feature at i, token i+1) -> f̂(i+1) (n, d), attending over `cache` (extended) or over the pairs alone."""
-        x = self.fc(torch.cat([self.embed(next_ids).to(features.dtype), features], dim=-1))[None]  # (1, n, 2d) -> (1, n, d)
+                cache: DynamicCache | None = None, sees: torch.Tensor | None = None) -> torch.Tensor:
+        """Pairs (feature at i, token i+1) -> f̂(i+1) (n, d), attending over `cache` (extended) or over the pairs alone.
+
+        sees: which cached-or-new entries each new pair attends to (n, past+n) bool, for a tree's branches; default
+        causal. Training passes a batch of equal windows instead: features (B, n, d), ids and positions (B, n), no cache.
+        """
+        one = features.ndim == 2
+        if one:
+            features, next_ids, positions = features[None], next_ids[None], positions[None]
+        with torch.no_grad():  # the target's embedding is read, never trained (no gradient for its 151,936 rows)
+            embedded = self.embed(next_ids).to(features.dtype)
+        x = self.fc(torch.cat([embedded, features], dim=-1))  # (B, n, 2d) -> (B, n, d)
         past = cache.get_seq_length() if cache is not None else 0
-        mask = causal_mask(past, x.shape[1], x.dtype, x.device)  # (1, 1, n, past+n) or None (sdpa's own causal rule)
-        pos = positions[None]  # (1, n)
-        h = self.layer(x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None,
-                       position_embeddings=self.rotary(x, pos))
-        return self.norm(h)[0]  # (n, d)
+        if sees is None:
+            mask = causal_mask(past, x.shape[1], x.dtype, x.device)  # (1, 1, n, past+n) or None (sdpa's own causal rule)
+        else:
+            mask = torch.zeros(sees.shape, dtype=x.dtype).masked_fill_(~sees, torch.finfo(x.dtype).min)[None, None]
+        h = self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
+                       position_embeddings=self.rotary(x, positions))
+        out = self.norm(h)
+        return out[0] if one else out  # (n, d) or (B, n, d)
 
     def logits(self, guessed: torch.Tensor) -> torch.Tensor:
         """f̂ (n, d) -> logits over the draft vocabulary (n, N)."""
@@ -78,6 +90,8 @@ def _head_rows(target: nn.Module, vocab: DraftVocab) -> torch.Tensor:
     """The target's output head, only the draft vocabulary's rows (N, d) in fp32, whatever form the head is held in."""
     module = target.get_output_embeddings()
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor):  # a packed fp16w or fp32 layer keeps its matrix in its own pieces
-        weight = module.unpacked_weight()
-    return weight.detach()[vocab.ids].float()
+    if isinstance(weight, torch.Tensor):
+        return weight.detach()[vocab.ids].float()
+    if hasattr(module, "rows"):  # fp16w: the rows, a block at a time (the whole head in fp32 would be 0.9 GB)
+        return module.rows(vocab.ids)
+    return module.unpacked_weight()[vocab.ids].float()  # a packed fp32 layer keeps its matrix in its own layout

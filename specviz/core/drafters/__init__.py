@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the registry itself imports no torch: the CLI's help and ch
 
     from specviz.core.drafters.model import QMemo
     from specviz.core.drafters.tree import TreeConfig
+    from specviz.core.head import EagleHead
     from specviz.core.memory import Memory
     from specviz.core.rounds import Drafter
 
@@ -35,6 +36,7 @@ class Parts:
     tree: TreeConfig | None = None  # a tree's shape (None: TreeConfig's defaults)
     q_memo: QMemo | None = None  # the draft's q rows per prefix, shared by many samples of one prompt (the Same answer lab)
     memory: Memory | None = None  # what a remembering drafter drafts from besides the text (earlier runs, a datastore)
+    head: EagleHead | None = None  # the pair's trained draft head (None: the pair ships none, or it was refused)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class DrafterSpec:
     # imported on first use, so that reading the registry loads no model code
     make: Callable[[Parts], Drafter] | str
     remembers: bool = False  # it drafts from a memory (earlier runs, a datastore): a run passes it `Parts.memory`
+    needs_head: bool = False  # it drafts with the pair's trained head (`Parts.head`; the pair must ship one)
 
     @property
     def gamma_applies(self) -> bool:
@@ -93,14 +96,17 @@ def specs() -> tuple[DrafterSpec, ...]:
 
 def build(name: str, draft: torch.nn.Module | None = None, target: torch.nn.Module | None = None,
           adaptive: bool = False, tree: TreeConfig | None = None, q_memo: QMemo | None = None,
-          memory: Memory | None = None) -> Drafter:
+          memory: Memory | None = None, head: EagleHead | None = None) -> Drafter:
     """The drafter every run uses, by name, from whatever the pair has loaded (a kind takes only what it needs)."""
     kind = spec(name)
     if kind.needs_draft_model and draft is None:
         raise ValueError(f"the {kind.title} needs a draft model, and this pair has none loaded")
     if kind.needs_features and target is None:
         raise ValueError(f"the {kind.title} reads the target's features: pass the target")
-    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo, memory))
+    if kind.needs_head and head is None:
+        raise ValueError(f"the {kind.title} needs a trained draft head, and this pair has none loaded "
+                         f"(train one with `python -m specviz train-head`)")
+    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo, memory, head))
 
 
 def _maker(kind: DrafterSpec) -> Callable[[Parts], Drafter]:
@@ -136,3 +142,15 @@ register(DrafterSpec(
     words="Each round the memory guesses when it has seen this text before; otherwise the small draft model guesses.",
     needs_draft_model=True, needs_features=False, shape="chain", length="variable", leviathan=False,
     make="specviz.core.drafters.hybrid:from_parts", remembers=True))
+register(DrafterSpec(
+    name="eagle", title="the big model's own notes (EAGLE-style head)",
+    words="No second model: one small layer reads the big model's own notes (its last hidden state) and guesses the "
+          "next few tokens from them.",
+    needs_draft_model=False, needs_features=True, shape="chain", length="fixed", leviathan=True,
+    make="specviz.core.drafters.eagle:from_parts", needs_head=True))
+register(DrafterSpec(
+    name="eagle-tree", title="tree from the big model's own notes (EAGLE-2 style)",
+    words="The same small layer on the big model's notes, but it grows a tree of guesses where it is most sure; the "
+          "big model checks every branch in one pass.",
+    needs_draft_model=False, needs_features=True, shape="tree", length="variable", leviathan=False,
+    make="specviz.core.drafters.eagle:tree_from_parts", needs_head=True))
