@@ -7,10 +7,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from specviz.cli import batch, bench, datastore, generate, loadtest, prepare, same_answer, why_cheap
+from specviz.cli import batch, bench, datastore, generate, loadtest, prepare, same_answer, train_head, why_cheap
 from specviz.cli.common import PROG, CliError, print_error
 
-COMMANDS = "generate, bench, loadtest, same-answer, why-cheap, batch, prepare or build-datastore"
+COMMANDS = "generate, bench, loadtest, same-answer, why-cheap, batch, prepare, build-datastore or train-head"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_batch(sub)
     prepare.add_prepare(sub)
     datastore.add_build_datastore(sub)
+    train_head.add_train_head(sub)
     return parser
 
 

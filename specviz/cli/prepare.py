@@ -6,7 +6,7 @@ import argparse
 import gc
 import time
 
-from specviz.cli.common import quiet_libraries, resolve_pair_name, stderr_progress
+from specviz.cli.common import print_error, quiet_libraries, resolve_pair_name, stderr_progress
 
 
 def add_prepare(sub: argparse._SubParsersAction) -> None:
@@ -32,11 +32,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from specviz.models import datastore
     from specviz.models.locate import cache_dir
 
+    failed = False
     for name in names:
         t0 = time.perf_counter()
         pair = models.load_pair(name, progress=stderr_progress(args.quiet))
         print(f"{name}: ready in {time.perf_counter() - t0:.0f} s (target {pair.target_precision}, "
               f"draft {pair.draft_precision})")
+        if pair.head_problem:  # a shipped head that fails its checks is a broken install, not a missing extra
+            print_error(f"{name}: the trained draft head was refused: {pair.head_problem}")
+            failed = True
+        elif pair.shipped_head is not None:
+            print(f"{name}: trained draft head checked (sha256 and target)")
         t0 = time.perf_counter()
         datastore.for_pair(pair)  # the memory drafters' datastore: built when missing, checked when there
         print(datastore_line(name, time.perf_counter() - t0))
@@ -44,4 +50,4 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         gc.collect()
     size = sum(f.stat().st_size for f in cache_dir().rglob("*") if f.is_file())
     print(f"cache: {cache_dir()} holds {size / (1 << 30):.1f} GB")
-    return 0
+    return 1 if failed else 0

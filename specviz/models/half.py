@@ -105,6 +105,16 @@ class HalfLinear(torch.nn.Module):
         """The weight in fp32 (a new tensor, fp16-exact values): for copies such as the int8 twin."""
         return torch.cat([torch.ops.quantized.linear_unpack_fp16(p)[0] for p in self.pieces])
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Some rows of the weight in fp32 (ascending ids), one piece unpacked at a time: no full fp32 copy."""
+        out, start = [], 0
+        for p in self.pieces:
+            w = torch.ops.quantized.linear_unpack_fp16(p)[0]
+            inside = ids[(ids >= start) & (ids < start + w.shape[0])]
+            out.append(w[inside - start].float())
+            start += w.shape[0]
+        return torch.cat(out)
+
     def to_linear(self) -> torch.nn.Linear:
         return plain_linear(self.unpacked_weight(), None if self.bias is None else self.bias.data)
 

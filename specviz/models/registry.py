@@ -13,7 +13,7 @@ from torch import nn
 
 from specviz import host
 from specviz.core.limits import TARGET_PRECISIONS
-from specviz.models import half, packed
+from specviz.models import half, heads, packed
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.cached import _return_freed_memory
@@ -55,6 +55,14 @@ class LoadedPair:
     target_precision: str = "fp32"  # likewise for the target; fp32 and fp16w keep greedy output bit-exact here
     precision_reason: str = ""  # one line: what was measured and why these precisions (see models.precision)
     weight_bytes: int = 0  # bytes of both models' weights as loaded (the memory cost shown in the app)
+    shipped_head: heads.LazyHead | None = None  # the pair's checked head file, built into an EagleHead on first use
+    head_problem: str = ""  # why a shipped head was refused (damaged, or made for another target); "" otherwise
+
+    @property
+    def head(self) -> Any:
+        """The pair's trained EAGLE-style head (an EagleHead), or None; built on first use (~0.3 GB), so that a pair
+        whose visitors never choose it pays only the check."""
+        return self.shipped_head.get() if self.shipped_head is not None else None
 
     @property
     def bit_exact(self) -> bool:
@@ -210,6 +218,7 @@ def load_pair(
                 # not an int8 draft's fp32 down projections: its activation scales turn their last-bit
                 # changes into logit changes of several units (SmolLM2: Σmin(p, q) 0.75 -> 0.69)
                 packed.pack_linears(draft)
+        head, head_problem = _load_head(spec.name, target, report)
     _return_freed_memory()
     report(1.0, f"{spec.title} ready")
     return LoadedPair(
@@ -224,7 +233,22 @@ def load_pair(
         target_precision=choice.target,
         precision_reason="; ".join(filter(None, (choice.reason, kernels))),
         weight_bytes=model_bytes(target) + model_bytes(draft),
+        shipped_head=head,
+        head_problem=head_problem,
     )
+
+
+def _load_head(name: str, target: nn.Module, report: LoadProgress) -> tuple[Any, str]:
+    """The pair's shipped head, checked against its file's sha256 and this target; a refused one is a reason, not a failure
+    (the pair's other helpers still work, and the head's own choice says why it is missing)."""
+    if not heads.has_head(name):
+        return None, ""
+    report(0.98, "checking the trained draft head")
+    try:
+        heads.check(name, target)
+        return heads.LazyHead(name, target), ""
+    except heads.HeadError as e:
+        return None, str(e)
 
 
 def choose_precisions(

@@ -219,13 +219,15 @@ def _one_by_one(feeds: list[Feed], before: list[list[int]]) -> list[Any]:
 
 
 def run_together(programs: Sequence[Program], target: torch.nn.Module, max_rows: int = MAX_ROWS,
-                 max_runs: int = MAX_RUNS) -> tuple[list[Generation], list[Sharing], float]:
+                 max_runs: int = MAX_RUNS, exactness: Callable[[torch.nn.Module, int], Exactness] = batch_exactness,
+                 ) -> tuple[list[Generation], list[Sharing], float]:
     """Run programs to the end together, all admitted at once up to max_runs, the rest as room frees (first come, first served).
 
     Returns their Generations in order, how each one's target passes were shared, and the wall time in seconds.
-    A failing run raises here (the command line and tests want to know).
+    A failing run raises here (the command line and tests want to know). `exactness` decides whether runs may share
+    a pass (default: only where the model's rows are bit-independent of what shares their pass).
     """
-    batch = Batch(max_runs=max_runs, max_rows=max_rows)
+    batch = Batch(max_runs=max_runs, max_rows=max_rows, exactness=exactness)
     waiting = list(enumerate(programs))
     results: dict[int, Outcome] = {}
     t0 = time.perf_counter()

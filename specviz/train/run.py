@@ -1,0 +1,197 @@
+"""`train-head` from start to file: record the target's continuations, choose the draft vocabulary, train, check, ship.
+
+Each stage survives a stop: recorded chunks and training checkpoints live in the cache (keyed by the
+recipe, so a changed recipe starts afresh), and the run picks up where it was. The shipped head is one
+safetensors file (the trained tensors in fp16 and the draft vocabulary's ids) plus a manifest beside
+it: its sha256, the target it was trained for, the recipe, the token counts, the loss curve and what it
+scored on held-out text. `specviz.models.heads` checks both before a head is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specviz import host
+from specviz.core.draft_vocab import DraftVocab, most_frequent
+from specviz.core.head import EagleHead, _head_rows
+from specviz.models import heads
+from specviz.models.locate import cache_dir
+from specviz.train.data import RecordConfig, record
+from specviz.train.head import Sequences, TrainConfig, TrainState, expected_acceptance, train
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    """Everything that decides a head (its manifest's recipe; a changed recipe trains a new head)."""
+
+    pair: str
+    record: RecordConfig
+    train: TrainConfig
+    vocab: int = 32768  # the draft vocabulary: the N most frequent ids in the recorded text
+    mlp: int = 2048  # the head's MLP width (the target's is 8960: a narrower one keeps the file under 48 MB)
+    record_precision: str = "bf16"  # the target's precision while recording (bf16: 5x faster on AMX; fp16w at run time)
+    init_seed: int = 0  # the head's initial weights
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def key(self, *parts: str) -> str:
+        """A short hash of the recipe (or of the named parts of it), naming its folders in the cache."""
+        d = self.as_dict()
+        text = json.dumps({k: d[k] for k in parts} if parts else d, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def work_folder(recipe: HeadRecipe) -> Path:
+    return cache_dir() / "heads" / recipe.pair
+
+
+def data_folder(recipe: HeadRecipe) -> Path:
+    """Where the recorded chunks go: keyed by what decides them (the pair, the record settings, the precision)."""
+    return work_folder(recipe) / f"data-{recipe.key('pair', 'record', 'record_precision')}"
+
+
+def load_sequences(paths: list[Path]) -> Sequences:
+    """The recorded chunks as one Sequences (features kept in fp16: 3 KB a position for d = 1536)."""
+    rows = [r for p in paths for r in torch.load(p)]
+    return Sequences(tuple(r["ids"] for r in rows), tuple(r["feats"] for r in rows))
+
+
+def token_counts(data: Sequences, vocab_size: int) -> torch.Tensor:
+    """How often each id appears in the recorded text (prompts and continuations)."""
+    return torch.bincount(torch.cat(data.ids), minlength=vocab_size)
+
+
+def record_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
+    """Record every missing chunk, with a line per chunk and the time left."""
+    t0 = time.perf_counter()
+    done0 = len(list(data_folder(recipe).glob("chunk-*.pt")))
+
+    def progress(done: int, total: int) -> None:
+        new = done - done0
+        rate = (time.perf_counter() - t0) / new if new > 0 else 0.0
+        report(f"recording: chunk {done}/{total} ({recipe.record.chunk} prompts each)"
+               + (f", about {rate * (total - done) / 60:.0f} min left" if new > 0 and done < total else ""))
+
+    return record(pair, recipe.record, data_folder(recipe), progress)
+
+
+def vocabulary(data: Sequences, pair: Any, n: int) -> tuple[DraftVocab, dict[str, int]]:
+    """The n most frequent ids in the recorded text and the pair's datastore of code (ties: the smaller id, which
+    in a BPE vocabulary is the earlier, more common merge); with the token counts that chose them."""
+    from specviz.models import datastore
+
+    size = pair.target.config.vocab_size
+    counts = token_counts(data, size)
+    text = torch.zeros(0, dtype=torch.long)
+    if datastore.manifest(pair.spec.name) is not None:  # `prepare` builds it; a pair without one counts its text only
+        store = datastore.load(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair))
+        text = torch.from_numpy(store.text[store.text < size])
+    counts = counts + torch.bincount(text, minlength=size)
+    vocab = most_frequent(counts, n)
+    covered = float(counts[vocab.ids].sum() / counts.sum())
+    return vocab, {"recorded_tokens": int(sum(len(t) for t in data.ids)), "datastore_tokens": int(text.numel()),
+                   "coverage_permille": round(1000 * covered)}
+
+
+def _checkpoint_path(recipe: HeadRecipe) -> Path:
+    return work_folder(recipe) / f"checkpoint-{recipe.key()}.pt"
+
+
+def _save_checkpoint(path: Path, state: TrainState) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(dataclasses.asdict(state), tmp)
+    tmp.replace(path)  # whole or not at all
+
+
+def full_p(target: torch.nn.Module, vocab: DraftVocab) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The target's p at the draft ids, normalised over its whole vocabulary, from its features."""
+    rows = _head_rows(target, DraftVocab(torch.arange(target.config.vocab_size), target.config.vocab_size))
+
+    def p_of(features: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(features @ rows.T, dim=-1)[:, vocab.ids]
+
+    return p_of
+
+
+def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any]) -> tuple[EagleHead, dict[str, Any]]:
+    """Train (or resume) the head on the recorded chunks but the last, which is held out; returns it and its record."""
+    paths = sorted(data_folder(recipe).glob("chunk-*.pt"))
+    if len(paths) < 2:
+        raise RuntimeError("training needs at least two recorded chunks (one is held out)")
+    data, held = load_sequences(paths[:-1]), load_sequences(paths[-1:])
+    vocab, counts = vocabulary(data, pair, recipe.vocab)
+    report(f"draft vocabulary: {vocab.n} ids cover {counts['coverage_permille'] / 10:.1f}% of "
+           f"{counts['recorded_tokens'] + counts['datastore_tokens']:,} tokens")
+    torch.manual_seed(recipe.init_seed)
+    head = EagleHead(pair.target, vocab, intermediate_size=recipe.mlp)
+    held = Sequences(held.ids[:16], held.feats[:16])  # the held-out score: 16 sequences are enough
+    p_of = full_p(pair.target, vocab)
+    before = expected_acceptance(head, held, p_of=p_of)
+    ckpt = _checkpoint_path(recipe)
+    resume = TrainState(**torch.load(ckpt)) if ckpt.exists() else None
+    if resume is not None:
+        report(f"resuming from step {resume.step} ({ckpt})")
+    progress = bar(total=recipe.train.steps, initial=resume.step if resume else 0, desc="training", unit="step")
+    t0 = time.perf_counter()
+    losses = train(head, data, recipe.train,
+                   lambda step, loss: (progress.update(1), progress.set_postfix(loss=f"{loss:.3f}")),
+                   resume=resume, checkpoint=lambda s: _save_checkpoint(ckpt, s), every=25)
+    progress.close()
+    after = expected_acceptance(head, held, p_of=p_of)
+    report(f"held-out first guess: sampled acceptance {before[0]:.3f} -> {after[0]:.3f}, "
+           f"greedy agreement {before[1]:.3f} -> {after[1]:.3f}")
+    return head, {"counts": counts, "train_seconds_this_run": round(time.perf_counter() - t0),
+                  "loss_every_10_steps": [round(sum(losses[i:i + 10]) / len(losses[i:i + 10]), 4)
+                                          for i in range(0, len(losses), 10)],
+                  "held_out": {"sequences": len(held.ids), "sampled_acceptance": [round(before[0], 4), round(after[0], 4)],
+                               "greedy_agreement": [round(before[1], 4), round(after[1], 4)]}}
+
+
+def _commit() -> str:
+    """The code's commit, marked "+changes" where the working tree differs from it (the recipe names what ran)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip()
+    try:
+        head = git("rev-parse", "HEAD") or "unknown"
+        return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no", "--", "specviz") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callable[..., Any]) -> dict[str, Any]:
+    """The whole run: record with the target at `record_precision`, then train against the pair's own target; ship."""
+    from specviz import models
+
+    t0 = time.perf_counter()
+    chunks = -(-recipe.record.prompts // recipe.record.chunk)
+    if all((data_folder(recipe) / f"chunk-{c:04d}.pt").exists() for c in range(chunks)):
+        report(f"all {chunks} recorded chunks are in {data_folder(recipe)}")
+    else:
+        report(f"loading {recipe.pair} (target {recipe.record_precision}) to record its continuations")
+        pair = models.load_pair(recipe.pair, target_precision=recipe.record_precision)
+        record_stage(pair, recipe, report)
+        del pair
+    report(f"loading {recipe.pair} as the app runs it, to train against its own head rows and embedding")
+    pair = models.load_pair(recipe.pair)
+    head, record_ = train_stage(pair, recipe, report, bar)
+    extra = {"trained_on": {"commit": _commit(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                            "machine": host.machine_words(),
+                            "target_precision": pair.target_precision},
+             "seconds": round(time.perf_counter() - t0), **record_}
+    man = heads.save(recipe.pair, head, pair.target, recipe.as_dict(), extra, out)
+    report(f"wrote {heads.paths(recipe.pair, out)[0]} ({man['bytes'] / 1e6:.1f} MB, sha256 {man['sha256'][:12]}…)")
+    return man

@@ -1,0 +1,119 @@
+"""`train-head` end to end on the tiny pair (seconds), the shipped head's checks, and a training run that resumes exactly."""
+
+import json
+
+import pytest
+import torch
+
+from specviz import models
+from specviz.cli import main
+from specviz.core.draft_vocab import most_frequent
+from specviz.core.drafters.eagle import EagleDrafter, EagleTreeDrafter
+from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.head import EagleHead
+from specviz.core.progress import drain
+from specviz.core.trace import GenerationConfig
+from specviz.models import heads
+from specviz.train.head import Sequences, TrainConfig, TrainState, train
+
+TINY_ARGS = ["train-head", "--pair", "tiny-random", "--prompts", "80", "--new-tokens", "24", "--steps", "40",
+             "--batch", "4", "--window", "32", "--vocab", "192", "--mlp", "64", "--record-precision", "fp32", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny head trained by the command line into its own folder (its recorded data in its own cache)."""
+    root = tmp_path_factory.mktemp("train-head")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECVIZ_CACHE", str(root / "cache"))
+        assert main(TINY_ARGS + ["--out", str(root / "heads")]) == 0
+    return root / "heads", models.load_pair("tiny-random")
+
+
+def test_the_command_writes_a_head_its_manifest_describes(trained, capsys):
+    folder, pair = trained
+    man = heads.manifest("tiny-random", folder)
+    assert man["sha256"] == heads.sha256(folder / "tiny-random.safetensors")
+    assert man["target"] == heads.target_fingerprint(pair.target)
+    assert man["recipe"]["train"]["steps"] == 40 and man["recipe"]["vocab"] == 192
+    assert len(man["loss_every_10_steps"]) == 4 and man["counts"]["recorded_tokens"] > 2000
+    before, after = man["held_out"]["sampled_acceptance"]
+    assert after > before  # 40 steps already teach it something about the held-out chunk
+
+
+@pytest.mark.parametrize("make", [EagleDrafter, EagleTreeDrafter], ids=["chain", "tree"])
+def test_the_shipped_head_loads_checked_and_drafts_exactly(trained, make):
+    folder, pair = trained
+    head = heads.load("tiny-random", pair.target, folder)
+    assert head.vocab.n == 192 and not head.training
+    ids = pair.tokenizer("def add(a, b):")["input_ids"]
+    cfg = GenerationConfig(max_new_tokens=24, gamma=3, stop_at_eos=False)
+    spec = drain(speculative_generate(pair.target, make(head), pair.tokenizer, ids, cfg))
+    assert spec.tokens == drain(autoregressive_generate(pair.target, pair.tokenizer, ids, cfg)).tokens
+    assert sum(len(r.draft_ids) for r in spec.rounds) > 0
+
+
+def test_a_damaged_or_foreign_head_is_refused_with_the_reason(trained, tmp_path):
+    folder, pair = trained
+    for name in ("tiny-random.safetensors", "tiny-random.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    blob = bytearray((tmp_path / "tiny-random.safetensors").read_bytes())
+    blob[-1] ^= 1
+    (tmp_path / "tiny-random.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(heads.HeadError, match="does not match its manifest"):
+        heads.load("tiny-random", pair.target, tmp_path)
+    (tmp_path / "tiny-random.safetensors").write_bytes((folder / "tiny-random.safetensors").read_bytes())
+    man = json.loads((tmp_path / "tiny-random.json").read_text())
+    man["target"]["hidden_size"] = 128
+    (tmp_path / "tiny-random.json").write_text(json.dumps(man))
+    with pytest.raises(heads.HeadError, match="trained for another target.*hidden_size 128 vs 64"):
+        heads.load("tiny-random", pair.target, tmp_path)
+    with pytest.raises(heads.HeadError, match="train-head"):
+        heads.load("smollm2-135m", pair.target, tmp_path)
+
+
+def test_a_stopped_training_resumes_to_the_same_weights(trained):
+    _, pair = trained
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 257, (40,), generator=gen) for _ in range(6)]
+    with torch.inference_mode():
+        feats = [pair.target(input_ids=s[None], output_hidden_states=True).hidden_states[-1][0, :-1].clone() for s in seqs]
+    data = Sequences(tuple(seqs), tuple(feats))
+    vocab = most_frequent(torch.bincount(torch.cat(seqs), minlength=257), 128)
+    cfg = TrainConfig(steps=12, batch=2, window=16, seed=3)
+
+    def fresh() -> EagleHead:
+        torch.manual_seed(0)
+        return EagleHead(pair.target, vocab, intermediate_size=32)
+
+    whole = fresh()
+    losses = train(whole, data, cfg)
+    saved: list[TrainState] = []
+    stopped = fresh()
+    train(stopped, data, TrainConfig(**{**cfg.__dict__}), checkpoint=saved.append, every=5)
+    resumed = fresh()  # a new process: fresh weights, then the step-5 checkpoint
+    again = train(resumed, data, cfg, resume=saved[0])
+    assert saved[0].step == 5 and again == losses
+    for k, v in whole.weights().items():
+        assert torch.equal(v, resumed.weights()[k]), k
+
+
+def test_the_same_recipe_makes_the_same_file(trained, tmp_path, monkeypatch):
+    """Seeded from prompts to windows: a second run from nothing (its own cache) writes the very same bytes here."""
+    folder, _ = trained
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    assert main(TINY_ARGS + ["--out", str(tmp_path / "heads")]) == 0
+    assert heads.sha256(tmp_path / "heads" / "tiny-random.safetensors") == heads.manifest("tiny-random", folder)["sha256"]
+
+
+def test_the_tiny_pair_ships_a_checked_head():
+    pair = models.load_pair("tiny-random")
+    assert pair.head is not None and pair.head_problem == ""
+    assert heads.manifest("tiny-random")["sha256"] == heads.sha256(heads.paths("tiny-random")[0])
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    assert main(["train-head", "--pair", "tiny-random", "--prompts", "10"]) == 2
+    assert "--prompts must be at least 80" in capsys.readouterr().err
+    assert main(["train-head", "--pair", "tiny-random", "--steps", "0"]) == 2
+    assert "--steps must be at least 1" in capsys.readouterr().err
