@@ -216,23 +216,28 @@ def _shape_section(pair, s: Settings) -> None:
     sizes = st.pills("Guesses checked per turn" if d1 else "n: drafted tokens the target verifies per pass",
                      chain_or_tree.SIZE_CHOICES, selection_mode="multi", key=P + "shape_sizes", persist_state="session",
                      help="Each n is a chain of n guesses and a tree of n nodes, on both prompts.")
-    if pair.draft is None:
+    helper = chain_or_tree.helper_for(s.drafter)
+    if helper == "model" and pair.draft is None:
         st.info("This pair has no draft model: a tree grows from the draft's probabilities.", icon=":material/info:")
+        return
+    if helper == "head" and pair.head is None:
+        st.info("This pair has no trained head to grow a tree from.", icon=":material/info:")
         return
     cfg, problem = None, None if sizes else "Choose at least one n to compare."
     if sizes:
         try:
-            cfg = chain_or_tree.make_config(s.pair, sizes, s.sampling)
+            cfg = chain_or_tree.make_config(s.pair, sizes, s.sampling, helper)
         except ValueError as exc:
             problem = str(exc)
     if cfg is None:
         st.info(problem, icon=":material/edit:")
     else:
         mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
+        who = "the big model's own notes (the head)" if cfg.helper == "head" else "the small draft model"
         st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "
                    f"the target alone, then at each n = {', '.join(map(str, cfg.sizes))} a chain of n guesses and "
                    f"a tree of n nodes (branching {cfg.branching}, every node verified): {cfg.runs} runs of "
-                   f"{cfg.max_new_tokens} tokens, {mode}. About 2 minutes on qwen-coder on this CPU.")
+                   f"{cfg.max_new_tokens} tokens, {mode}; guessing: {who}. About 2 minutes on qwen-coder on this CPU.")
     st.button("Compare chain and tree" if not d1 else "Race the line and the tree", key=P + "shape_go",
               icon=":material/account_tree:", on_click=_request_shapes, disabled=cfg is None)
     key = ("how_far.shape", cfg) if cfg is not None else None

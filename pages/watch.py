@@ -22,6 +22,7 @@ from specviz.app.sidebar import current_policy, settings, write_page_query
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
+from specviz.models import heads
 from specviz.presets import DEFAULT_PRESET, PRESETS
 from specviz.app.settings import cut_long_prompt
 from specviz.labs import how_far
@@ -440,6 +441,31 @@ def _drafter_verdict(ref: RunRef, s: Settings, device: str) -> None:
         st.warning(line, icon=":material/speed:")
 
 
+def _head_section(ref: RunRef, s: Settings, pair: Any) -> None:
+    """A run drafted by the trained head: what the helper is, and at D5 its figures beside the visitor's run before
+    on the same prompt (the draft model's, when that is what ran), how it was trained, and the GPU case."""
+    if not drafters.spec(ref.settings.drafter).needs_head:
+        return
+    st.subheader("The helper reads the big model's notes" if s.level == "d1" else "The helper: the big model's own notes")
+    lesson_md(s.level, "head")
+    if s.level != "d5":
+        return
+    rows = [("this run", ref.settings.drafter, watch.comparison(*_generations(ref)))]
+    before = ws.before()
+    if before is not None and before.prompt == ref.prompt and before.settings.drafter != ref.settings.drafter:
+        rows.append(("your run before, same prompt", before.settings.drafter, watch.comparison(*_generations(before))))
+    table = watch_view.helper_rows(rows)
+    if table is not None:
+        st.dataframe(table, hide_index=True, key=P + "head_table")
+    if len(rows) == 1:
+        st.caption("To see the small draft model beside it on this same prompt: choose it in the sidebar and press "
+                   "**Play**, then come back to the head; or compare all helpers on the presets under *Where it helps*.")
+    man = heads.manifest(pair.spec.name)
+    if man is not None:
+        st.caption(watch_view.head_recipe_line(man))
+    st.caption(watch_view.head_gpu_line())
+
+
 def _memory_note(s: Settings) -> None:
     """Before a remembering run: what it may draft from on this server (and, loudly, when that is the whole class)."""
     if not watch.remembers(s):
@@ -557,6 +583,12 @@ def main() -> None:
     if pair is None:
         ws.drop_play_request()
         return
+    if drafters.spec(s.drafter).needs_head and pair.head is None:
+        st.info(f"The {drafters.spec(s.drafter).title} needs a trained head for this pair: "
+                f"{pair.head_problem or 'this pair ships none'}. Choose another drafter in the sidebar "
+                "(qwen-coder ships one).", icon=":material/info:")
+        ws.drop_play_request()
+        return
     prompt = encode(pair, text)
     problem = prompt.problem(s.max_new_tokens)
     if problem:
@@ -589,6 +621,7 @@ def main() -> None:
     _drafter_verdict(ref, s, pair.device.type)
     _race(ref, s)
     _second_time(ref, s)
+    _head_section(ref, s, pair)
     _downloads(ref)
     st.divider()
     _lessons(ref, s)

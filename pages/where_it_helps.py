@@ -16,9 +16,10 @@ from specviz.viz import predict as predict_view
 from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
-from specviz.labs import where_it_helps
+from specviz.labs import helpers, where_it_helps
 from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
 from specviz.viz import strip
+from specviz.viz import helpers as helpers_view
 from specviz.viz import where_it_helps as where_it_helps_view
 
 P = "where_it_helps."  # session_state prefix of this page
@@ -26,6 +27,7 @@ SOURCES = {"run": "Run now on this machine", "bench": "Latest benchmark results"
 SLOT = jobs.Slot(P + "key", ("Running the workloads",), "Run the workloads", changed=(
     "The sidebar settings changed since this measurement. Press **{button}** to measure them; "
     "until then the previous measurement stays on screen."))
+HELPERS_SLOT = jobs.Slot(P + "helpers_key", ("Comparing the helpers",), "Compare the helpers")
 ss = st.session_state
 
 log = logging.getLogger("specviz.app")
@@ -166,6 +168,56 @@ def _table(res: WorkloadResults, s: Settings) -> None:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
 
 
+def _request_helpers() -> None:
+    ss[P + "helpers_request"] = True
+
+
+def _helpers_section(s: Settings) -> None:
+    """Which helper wins? The draft model's chain, prompt lookup and the head's chain and tree on three presets."""
+    d1 = s.level == "d1"
+    st.divider()
+    st.subheader("Which helper wins?")
+    lesson_md(s.level, "helpers")
+    cfg = helpers.HelpersConfig(s.pair, s.sampling)
+    titles = [helpers_view.helper_name(h, s.level) for h in cfg.helpers]
+    code, story = helpers_view.preset_title("code"), helpers_view.preset_title("story")
+    questions = {"code": predict_view.helper_question(code, titles), "story": predict_view.helper_question(story, titles)}
+    key = ("where_it_helps.helpers", cfg)
+    asking = st.container()  # the predictions go above the button; whether to ask is known once the job is read
+    mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
+    st.caption(f"Plan: on the code, list and story presets, the target alone, then each helper (γ = {helpers.GAMMA}; "
+               f"the tree its default size): {cfg.runs} runs of {cfg.max_new_tokens} tokens, {mode}. About 3 minutes "
+               "on qwen-coder on this CPU.")
+    st.button("Race the helpers" if d1 else "Compare the helpers", key=P + "helpers_go", icon=":material/sprint:",
+              on_click=_request_helpers)
+    if ss.pop(P + "helpers_request", False):
+        pair = pair_or_message(s.pair, key=P + "helpers_retry")
+        if pair is None:
+            return
+        for line in helpers.available(pair, cfg.helpers)[1]:
+            st.info(f"Left out: {line}", icon=":material/info:")
+        jobs.start(HELPERS_SLOT, {key: lambda: helpers.helpers_steps(pair, cfg)})
+    done = jobs.results(HELPERS_SLOT, (key,))
+    result = done[0] if done else None
+    if result is None:
+        with asking:
+            for q in questions.values():
+                predict.ask(P, q)
+        return
+    for preset, q in questions.items():
+        ranked = sorted((p for p in result.points if p.preset == preset and p.speedup is not None),
+                        key=lambda p: -p.speedup)
+        if ranked:
+            second = ranked[1] if len(ranked) > 1 else None
+            predict.reveal(P, q, predict_view.reveal_helper(
+                helpers_view.helper_name(ranked[0].helper, s.level), ranked[0].speedup,
+                helpers_view.helper_name(second.helper, s.level) if second else None, second.speedup if second else None))
+    st.markdown(helpers_view.verdict(result, s.level))
+    chart(helpers_view.helpers_figure(result, s.level, font_size(s)), P + "helpers_chart")
+    if not d1:
+        st.dataframe(helpers_view.helpers_table(result, s.level), hide_index=True, key=P + "helpers_table")
+
+
 def main() -> None:
     s = settings()
     _header(s)
@@ -186,6 +238,7 @@ def main() -> None:
     lesson_md(s.level, "where_why")
     if s.level == "d5":
         lesson_md("d5", "where_caveats")
+    _helpers_section(s)
 
 
 run_page(main)

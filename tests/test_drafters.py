@@ -236,7 +236,7 @@ def _same_answer_sampling(pair, ids, s, prompt):
     for wrong in (False, True):
         spec = same_answer.spec_config(s, wrong, 2)
         assert (spec.rule == "topk") == (wrong and same_answer.lossy_rule_unsuited(s.drafter) is None)
-        counts = drain(same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec))
+        counts = drain(same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec, pair.head))
         assert counts.n == 30
 
 

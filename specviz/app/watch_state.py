@@ -82,6 +82,11 @@ def previous() -> RunRef | None:
     return ss.get(P + "previous")
 
 
+def before() -> RunRef | None:
+    """The run this visitor made before the one on screen, whatever its settings."""
+    return ss.get(P + "before")
+
+
 def rounds() -> tuple[RoundTrace, ...]:
     spec, _ = views(ref())
     return spec.rounds if spec else ()
@@ -164,6 +169,7 @@ def handle_play(pair: Any, prompt: Any, s: Settings) -> None:
             jobs.cancel_unshared(old.keys, new.keys)
         # a remembering run after one with the same settings: the page compares the two (the lesson's "second time")
         ss[P + "previous"] = old if old is not None and watch.remembers(s) and old.asks == new.asks else None
+        ss[P + "before"] = old  # whatever ran before: the head's D5 table sets it beside this run on the same prompt
         ss[P + "run"] = new
         ss[P + "frame"] = 0
         ss[P + "race_t0"] = None

@@ -125,7 +125,7 @@ def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str, config: Gener
         yield Progress(0, 2 * config.max_new_tokens, "making the target's int8 twin (first time only)…")
         target = batch_variant_twin(pair.target)
     made = drafters.build(drafter, pair.draft, pair.target, adaptive=config.adaptive,
-                          memory=datastore.shared_memory(drafter, pair))
+                          memory=datastore.shared_memory(drafter, pair), head=pair.head)
     return (yield from greedy_comparison(target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids,
                                          batch_variant))
 
@@ -240,14 +240,14 @@ def memo_drafter(draft: torch.nn.Module, sampling: SamplingConfig, vocab_size: i
 
 
 def sampling_drafter(name: str, draft: torch.nn.Module | None, target: torch.nn.Module, sampling: SamplingConfig,
-                     vocab_size: int) -> Drafter:
+                     vocab_size: int, head: Any = None) -> Drafter:
     """The sidebar's drafter for thousands of samples of one prompt: the draft model's chain or tree reading q from a
     memo shared by every sample (the same rows, computed once); any other kind as the registry builds it."""
     kind = drafters.spec(name)
     if kind.needs_draft_model and draft is None:
         raise ValueError(f"this pair has no draft model, which the {kind.title} needs; choose another drafter")
     memo = draft_memo(draft, sampling, vocab_size) if kind.needs_draft_model else None  # type: ignore[arg-type]
-    return drafters.build(name, draft, target, q_memo=memo)
+    return drafters.build(name, draft, target, q_memo=memo, head=head)
 
 
 # ------------------------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def reference_job(target: torch.nn.Module, tokenizer: Any, prompt_ids: Sequence[
 
 
 def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, tokenizer: Any, prompt_ids: Sequence[int],
-                    cfg: SampleConfig, spec: SpecConfig) -> Generator[Progress, None, SampleCounts]:
+                    cfg: SampleConfig, spec: SpecConfig, head: Any = None) -> Generator[Progress, None, SampleCounts]:
     """N speculative samples through the real engine with the chosen rule; the first n_tokens of each are kept.
 
     The engine never drafts past its budget (the last token is always the target's own), so a
@@ -411,14 +411,16 @@ def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, toke
         raise ValueError("the prompt is empty")
     vocab = target.config.vocab_size
     memo = target_memo(target, cfg.sampling)
-    drafter = sampling_drafter(spec.drafter, draft, target, cfg.sampling, vocab)
+    drafter = sampling_drafter(spec.drafter, draft, target, cfg.sampling, vocab, head)
     memos = [memo] + [m for m in (getattr(drafter, "q_memo", None),) if isinstance(m, PrefixMemo)]
     rule = acceptance_rule(spec.rule, spec.top_k)
+    # a drafter that reads the target's features needs real passes (the memo keeps p only): slower, the same law
+    target_probs = None if drafters.spec(spec.drafter).needs_features else MemoTarget(memo)
     t0, seqs, drafted, accepted = time.perf_counter(), [], 0, 0
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 1, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=max(2, cfg.n_tokens), gamma=spec.gamma, sampling=replace(cfg.sampling, seed=seed),
                               trace_top_n=1, stop_at_eos=False)
-        g = drain(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=MemoTarget(memo)))
+        g = drain(speculative_generate(target, drafter, tokenizer, prompt_ids, gc, (), accept_rule=rule, target_probs=target_probs))
         seqs.append(g.tokens[: cfg.n_tokens])
         drafted += g.drafted
         accepted += g.accepted

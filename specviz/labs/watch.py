@@ -65,7 +65,8 @@ def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings, memory: M
     datastore); None gives it the datastore only.
     """
     drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive,
-                             memory=memory if memory is not None else datastore.shared_memory(s.drafter, pair))
+                             memory=memory if memory is not None else datastore.shared_memory(s.drafter, pair),
+                             head=pair.head)
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 

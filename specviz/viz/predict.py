@@ -146,3 +146,14 @@ def verdict_html(choice: str | None, reveal: Reveal) -> str:
         head = f"You predicted “{choice}”; the answer is “{reveal.right}”."
     why = f" {esc(reveal.why)}" if reveal.why else ""
     return f'<div class="sv-answer"><b>{esc(head)}</b> {esc(reveal.measured)}{why}</div>'
+
+
+def helper_question(preset_title: str, helper_titles: Sequence[str]) -> Question:
+    """Which helper wins? One question per preset (the page asks about the first predictable and the creative one)."""
+    return Question(f"helper.{preset_title}", f"Which helper will make **{preset_title}** fastest?", tuple(helper_titles))
+
+
+def reveal_helper(title: str, speedup: float, runner_up: str | None, runner_speedup: float | None) -> Reveal:
+    second = (f" Next: {runner_up}, {runner_speedup:.2f}×." if runner_up is not None and runner_speedup is not None
+              else "")
+    return Reveal(title, f"Measured: {title} was fastest, {speedup:.2f}× as fast as the big model alone.{second}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 
+from specviz.core import drafters
 from specviz.core.trace import RoundTrace, TopDist
 from specviz.labs.how_far import Curves, RunTradeoff, best_case_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
@@ -183,3 +186,40 @@ def cannot_pay_line(trade: RunTradeoff, device: str) -> str | None:
             f"acceptance gives about {expected:.2f}× (measured: "
             f"{'–' if trade.measured is None else f'{trade.measured:.2f}×'}). Try the sidebar's drafter "
             "**prompt lookup**: it guesses by copying from the prompt, at almost no cost (c ≈ 0).")
+
+
+def helper_rows(rows: Sequence[tuple[str, str, Any]]) -> pd.DataFrame | None:
+    """The head's D5 table: per run (a label, its drafter, its Comparison or None) α, c, tokens per call and speed-up."""
+    out = []
+    for label, drafter, cmp in rows:
+        if cmp is None:
+            continue
+        out.append({"run": label, "helper": drafters.spec(drafter).title, "α (accepted ÷ checked)": cmp.alpha_checked,
+                    "c (guess cost ÷ target step)": cmp.c, "tokens / target call": cmp.tokens_per_target_call,
+                    "speed-up": cmp.speedup})
+    return pd.DataFrame(out) if out else None
+
+
+def head_recipe_line(man: Mapping[str, Any]) -> str:
+    """How the shipped head was trained, from its manifest (numbers only: no model text)."""
+    rec, train = man.get("recipe", {}), man.get("recipe", {}).get("train", {})
+    held = man.get("held_out", {})
+    counts = man.get("counts", {})
+    acc = held.get("sampled_acceptance", [None, None])[-1]
+    greedy = held.get("greedy_agreement", [None, None])[-1]
+    scored = (f" On held-out text it agreed with the target's top token {greedy:.0%} of the time and its sampled "
+              f"acceptance was {acc:.2f}." if acc is not None and greedy is not None else "")
+    return (f"How this head was trained: {counts.get('recorded_tokens', 0):,} tokens of the target's own continuations "
+            f"of {rec.get('record', {}).get('prompts', '?')} prompts, {train.get('steps', '?')} steps of "
+            f"{train.get('batch', '?')}×{train.get('window', '?')} positions, seed {train.get('seed', '?')}, "
+            f"{man.get('seconds', 0) / 60:.0f} min on {man.get('trained_on', {}).get('machine', 'this machine')}; a "
+            f"draft vocabulary of {rec.get('vocab', '?'):,} ids; {man.get('bytes', 0) / 1e6:.0f} MB, sha256 "
+            f"{str(man.get('sha256', ''))[:12]}….{scored}")
+
+
+def head_gpu_line() -> str:
+    """The GPU case for the head, saying what was measured where."""
+    return ("On a GPU: the 0.5B draft model's step costs 85–95 % of the 1.5B target's on an NVIDIA H200 (measured there, "
+            "see ../shared/gpu), so it cannot pay. The head is one decoder layer and a 32,768-row output head; its "
+            "step on that GPU has not been measured yet (no GPU was lent to these sessions), so no GPU speed-up is "
+            "claimed for it here.")

@@ -1,0 +1,73 @@
+"""The "Which helper wins?" chart, table and verdict: each helper's speed-up, α, c and tokens per call on each preset."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from specviz.core import drafters
+from specviz.labs.helpers import HelpersResult
+from specviz.viz.chain_or_tree import preset_title
+from specviz.viz.style import PLAIN_COLOUR, layout
+
+COLOURS = {"model": "#0072B2", "ngram": "#999999", "eagle": "#009E73", "eagle-tree": "#D55E00"}
+SHORT = {"d1": {"model": "small model", "ngram": "copying", "eagle": "big model's notes",
+                "eagle-tree": "big model's notes, tree"},
+         "d2": {"model": "draft model", "ngram": "prompt lookup", "eagle": "head (chain)", "eagle-tree": "head (tree)"},
+         "d5": {"model": "draft model, γ=4", "ngram": "n-gram lookup", "eagle": "EAGLE head, γ=4",
+                "eagle-tree": "EAGLE-2 tree"}}
+
+
+def helper_name(helper: str, level: str) -> str:
+    return SHORT.get(level, SHORT["d2"]).get(helper, drafters.spec(helper).title)
+
+
+def helpers_figure(result: HelpersResult, level: str = "d2", font_size: int = 13) -> go.Figure:
+    """Grouped bars: the measured speed-up of each helper (a bar) on each preset (a group)."""
+    presets = result.config.presets
+    fig = go.Figure()
+    for helper in result.config.helpers:
+        pts = [result.point(p, helper) for p in presets]
+        ys = [p.speedup if p is not None else None for p in pts]
+        if all(y is None for y in ys):
+            continue
+        fig.add_bar(x=[preset_title(p) for p in presets], y=ys, name=helper_name(helper, level),
+                    marker_color=COLOURS.get(helper, PLAIN_COLOUR), texttemplate="%{y:.2f}×", textposition="outside",
+                    hovertemplate="%{x}: %{y:.2f}×<extra>" + helper_name(helper, level) + "</extra>")
+    fig.add_hline(y=1.0, line=dict(color=PLAIN_COLOUR, dash="dot", width=1))
+    title = "how much sooner (×)" if level == "d1" else "speed-up against the target alone (×)"
+    fig.update_yaxes(title_text=title, rangemode="tozero", ticksuffix="×")
+    fig.update_layout(barmode="group")
+    return layout(fig, 420, font_size, margin=dict(l=10, r=10, t=30, b=10))
+
+
+def helpers_table(result: HelpersResult, level: str = "d5") -> pd.DataFrame:
+    """One row per preset and helper: α, c, tokens per target call, speed-up and whether greedy stayed identical."""
+    rows = []
+    for preset in result.config.presets:
+        for helper in result.config.helpers:
+            p = result.point(preset, helper)
+            if p is None:
+                continue
+            rows.append({"prompt": preset_title(preset), "helper": helper_name(helper, level),
+                         "α (accepted ÷ checked)": p.alpha, "c (guess cost ÷ target step)": p.c,
+                         "tokens / target call": p.tokens_per_call, "speed-up": p.speedup,
+                         "same tokens as the target": "–" if p.identical is None else ("✓" if p.identical else "✗")})
+    return pd.DataFrame(rows)
+
+
+def verdict(result: HelpersResult, level: str) -> str:
+    """One line per preset: who won and by how much, computed from the runs (Markdown; no model text)."""
+    lines = []
+    for preset in result.config.presets:
+        best = result.winner(preset)
+        if best is None:
+            continue
+        name = helper_name(best.helper, level)
+        if level == "d1":
+            lines.append(f"- **{preset_title(preset)}:** the fastest helper was the {name}: {best.speedup:.2f}× sooner.")
+            continue
+        detail = (f" (α {best.alpha:.2f}, c {best.c:.3f}, {best.tokens_per_call:.2f} tokens per target call)"
+                  if best.alpha is not None and best.c is not None and best.tokens_per_call is not None else "")
+        lines.append(f"- **{preset_title(preset)}:** fastest: {name}, {best.speedup:.2f}×{detail}.")
+    return "\n".join(lines)
