@@ -139,3 +139,50 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
     pvalue, bins = chi_square_pvalue(counts, joint_two(smollm.target, ids, sampling), draws)
     assert bins >= 10 and picks > 150  # memory drafts were tried, many times
     assert pvalue > 1e-3, (pvalue, bins)
+
+
+# ------------------------------------------------------------------------------------------
+# The shipped EAGLE-style head on qwen-coder: identical when greedy, the target's law when sampling
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle", "eagle-tree"])
+@pytest.mark.parametrize("prompt_name", PROMPTS)
+def test_qwen_coder_head_greedy_identity(qwen_pair, qwen_baselines, prompt_name, kind):
+    from specviz.core import drafters
+
+    assert qwen_pair.head is not None, qwen_pair.head_problem  # the pair ships a checked head
+    _check_identity(qwen_pair, qwen_baselines, prompt_name, 4, drafters.build(kind, target=qwen_pair.target,
+                                                                              head=qwen_pair.head))
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_qwen_coder_sampled_head_runs_follow_the_targets_law(qwen_pair):
+    """Chi-square on the first two tokens of real qwen-coder runs drafted by the trained head over its reduced vocabulary.
+
+    300 runs through the batched executor (the law does not depend on what shares a pass); top-k 4 keeps every one of
+    the 16 two-token sequences frequent enough to test. Tokens outside the head's 32,768 ids come only from the
+    residual, so this covers the reduced vocabulary's rule on real weights as tests/test_draft_vocab.py does on tiny ones."""
+    from collections import Counter
+
+    from specviz.core import drafters
+    from specviz.core.engine import speculative_program
+    from specviz.serve.batch import run_together
+    from tests.test_tree import chi_square_pvalue, joint_two
+
+    ids = qwen_pair.tokenizer(PROMPTS["story"])["input_ids"]
+    sampling = SamplingConfig("sample", temperature=1.0, top_k=4)
+    made = drafters.build("eagle", target=qwen_pair.target, head=qwen_pair.head)
+    draws = 300
+    programs = [speculative_program(qwen_pair.target, made, qwen_pair.tokenizer, ids, GenerationConfig(
+        max_new_tokens=3, gamma=2, sampling=SamplingConfig("sample", temperature=1.0, top_k=4, seed=seed),
+        trace_top_n=1, stop_at_eos=False)) for seed in range(draws)]
+    gens, _, _ = run_together(programs, qwen_pair.target)
+    counts = Counter(g.tokens[:2] for g in gens)
+    drafted = sum(len(r.draft_ids) for g in gens for r in g.rounds if r.position < 2)
+    pvalue, bins = chi_square_pvalue(counts, joint_two(qwen_pair.target, ids, sampling), draws)
+    assert bins >= 8 and drafted > draws  # the head drafted in nearly every run
+    assert pvalue > 1e-3, (pvalue, bins)

@@ -93,6 +93,10 @@ METHODS: tuple[Method, ...] = (
            "run: every run starts cold)", "suffix"),
     Method("hybrid", "ours", f"speculative, memory when its match is ≥ {HYBRID_MIN_MATCH} tokens and it expects ≥ "
            f"{HYBRID_THRESHOLD:g} accepted tokens, else the model drafter (γ=4); starts cold", "hybrid", 4),
+    Method("eagle", "ours", "speculative, the pair's trained EAGLE-style head (one layer on the target's features), "
+           "chain γ=4", "eagle", 4),
+    Method("eagle-tree", "ours", "speculative, the pair's trained EAGLE-style head, token tree (TreeConfig defaults), "
+           "one target pass per tree (EAGLE-2)", "eagle-tree"),
 )
 METHODS_BY_NAME = {m.name: m for m in METHODS}
 BASELINE = "target"
@@ -102,7 +106,8 @@ FULL_PAIRS = ("qwen-coder", "smollm2-135m")
 QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
 # --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 15 minutes on the 2-core CPU
-QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid")
+QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid",
+                 "eagle", "eagle-tree")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 
@@ -179,10 +184,17 @@ def make_config(
     )
 
 
-def methods_for(workload: Workload, methods: Sequence[str]) -> tuple[Method, ...]:
-    """The methods that apply to a workload (prompt lookup only where the answer copies the prompt)."""
+def methods_for(workload: Workload, methods: Sequence[str], pair: Any = None) -> tuple[Method, ...]:
+    """The methods that apply to a workload (prompt lookup only where the answer copies the prompt) and, given the
+    loaded pair, that it can run (a head's methods need the pair's trained head)."""
     chosen = (METHODS_BY_NAME[m] for m in methods)
-    return tuple(m for m in chosen if workload.copying or not m.copying_only)
+    return tuple(m for m in chosen if (workload.copying or not m.copying_only) and _runs_on(m, pair))
+
+
+def _runs_on(method: Method, pair: Any) -> bool:
+    if pair is None or method.drafter is None:
+        return True
+    return not drafters.spec(method.drafter).needs_head or getattr(pair, "head", None) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +270,8 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
         drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive,
-                                 memory=datastore.shared_memory(method.drafter, pair))  # cold: the datastore only
+                                 memory=datastore.shared_memory(method.drafter, pair),  # cold: the datastore only
+                                 head=pair.head)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)
@@ -512,13 +525,17 @@ def _config_snapshot(pair: Any) -> tuple[dict, dict]:
 def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord]:
     """Every workload and mode of one loaded pair, methods interleaved within each repeat."""
     plan = [(WORKLOADS_BY_NAME[w], mode) for w in config.workloads for mode in config.modes]
-    total = sum(len(methods_for(w, config.methods)) for w, _ in plan) * config.repeats
+    total = sum(len(methods_for(w, config.methods, pair)) for w, _ in plan) * config.repeats
+    left_out = [m for m in config.methods if not _runs_on(METHODS_BY_NAME[m], pair)]
+    if left_out:
+        _say(f"{pair_name}: left out {', '.join(left_out)}: " + (getattr(pair, "head_problem", "")
+                                                               or "this pair ships no trained head"))
     before = _config_snapshot(pair)
     records: list[RunRecord] = []
     t_start = time.perf_counter()
     for workload, mode in plan:
         prompt_ids = encode(pair, workload.prompt, config.max_new_tokens)
-        methods = methods_for(workload, config.methods)
+        methods = methods_for(workload, config.methods, pair)
         _say(f"{pair_name} {workload.name}/{mode}: warming up {', '.join(m.name for m in methods)}")
         for method in methods:
             warm_up(pair, method, prompt_ids, mode, min(config.warmup_tokens, config.max_new_tokens), config.temperature)

@@ -69,10 +69,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt_ids = encoded_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
     memory, warm_memory = run_memories(args.drafter, pair)
-    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree, memory=memory)
+    if drafters.spec(args.drafter).needs_head and pair.head is None:
+        raise CliError(f"--drafter {args.drafter} needs the pair's trained head: "
+                       + (pair.head_problem or f"{pair_name} ships none (train one: python -m specviz train-head)"), 1)
+    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree, memory=memory,
+                             head=pair.head)
     # the warm-up drafts from the datastore only: it must not become an "earlier run" the first timed run remembers
     warm_up(pair, drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree,
-                                 memory=warm_memory), prompt_ids, args.gamma)
+                                 memory=warm_memory, head=pair.head), prompt_ids, args.gamma)
 
     if not args.quiet:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
