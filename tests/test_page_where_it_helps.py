@@ -121,3 +121,19 @@ def test_slow_pair_opens_on_the_benchmark_file_without_loading_it(monkeypatch):
     no_exception(at)
     assert "spec-adaptive" in texts(at)
     assert "qwen-coder" not in loads
+
+
+def test_which_helper_wins_asks_first_then_races_the_helpers_on_the_tiny_pair():
+    at = open_page(max_new="12", level="d2")
+    assert "Which helper will make **Code (predictable)** fastest?" in texts(at)
+    at.button(key="where_it_helps.helpers_go").click().run()
+    no_exception(at)
+    end = time.time() + 180
+    while time.time() < end and not at.get("plotly_chart"):
+        time.sleep(0.3)
+        at.run()
+        no_exception(at)
+    names = {t["name"] for c in at.get("plotly_chart") for t in json.loads(c.proto.spec)["data"]}
+    assert {"draft model", "prompt lookup", "head (chain)", "head (tree)"} <= names
+    assert "fastest:" in texts(at) and len(at.dataframe) == 1
+    assert sum("Answer:" in h.proto.body for h in at.get("html")) == 2  # both questions revealed (no prediction made)
