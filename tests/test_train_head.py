@@ -1,5 +1,6 @@
 """`train-head` end to end on the tiny pair (seconds), the shipped head's checks, and a training run that resumes exactly."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,6 +16,7 @@ from specviz.core.progress import drain
 from specviz.core.trace import GenerationConfig
 from specviz.models import heads
 from specviz.train.head import Sequences, TrainConfig, TrainState, train
+from specviz.train.store import load_tree, save_tree
 
 TINY_ARGS = ["train-head", "--pair", "tiny-random", "--prompts", "80", "--new-tokens", "24", "--steps", "40",
              "--batch", "4", "--window", "32", "--vocab", "192", "--mlp", "64", "--record-precision", "fp32", "--quiet"]
@@ -72,7 +74,7 @@ def test_a_damaged_or_foreign_head_is_refused_with_the_reason(trained, tmp_path)
         heads.load("smollm2-135m", pair.target, tmp_path)
 
 
-def test_a_stopped_training_resumes_to_the_same_weights(trained):
+def test_a_stopped_training_resumes_to_the_same_weights(trained, tmp_path):
     _, pair = trained
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 257, (40,), generator=gen) for _ in range(6)]
@@ -91,8 +93,10 @@ def test_a_stopped_training_resumes_to_the_same_weights(trained):
     saved: list[TrainState] = []
     stopped = fresh()
     train(stopped, data, TrainConfig(**{**cfg.__dict__}), checkpoint=saved.append, every=5)
-    resumed = fresh()  # a new process: fresh weights, then the step-5 checkpoint
-    again = train(resumed, data, cfg, resume=saved[0])
+    path = tmp_path / "checkpoint.safetensors"
+    save_tree(path, dataclasses.asdict(saved[0]))  # through the file format, as a stopped run would
+    resumed = fresh()  # a new process: fresh weights, then the step-5 checkpoint read back
+    again = train(resumed, data, cfg, resume=TrainState(**load_tree(path)))
     assert saved[0].step == 5 and again == losses
     for k, v in whole.weights().items():
         assert torch.equal(v, resumed.weights()[k]), k

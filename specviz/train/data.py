@@ -26,6 +26,7 @@ from specviz.core.trace import GenerationConfig
 from specviz.models.datastore import source_files
 from specviz.serve.batch import run_together
 from specviz.serve.exact import Exactness
+from specviz.train.store import save_tree
 
 # openings in the presets' genres (stories, poems, lists, records): the target continues each in its own words
 SUBJECTS = ("a lighthouse keeper", "a lost robot", "the moon", "a small dragon", "a rainy city", "an old clock",
@@ -155,12 +156,10 @@ def record(pair: Any, cfg: RecordConfig, folder: Path, progress: Callable[[int, 
     texts = training_prompts(cfg.seed, cfg.prompts)
     paths = []
     for c, start in enumerate(range(0, len(texts), cfg.chunk)):
-        path = folder / f"chunk-{c:04d}.pt"
+        path = folder / f"chunk-{c:04d}.safetensors"
         if not path.exists():
             rows = record_chunk(pair, texts[start: start + cfg.chunk], cfg, cfg.seed * 100_000 + start)
-            tmp = path.with_suffix(".tmp")
-            torch.save(rows, tmp)
-            tmp.replace(path)  # a chunk is on disk whole or not at all
+            save_tree(path, rows)  # a chunk is on disk whole or not at all
         paths.append(path)
         if progress is not None:
             progress(c + 1, -(-len(texts) // cfg.chunk))

@@ -28,6 +28,7 @@ from specviz.models import heads
 from specviz.models.locate import cache_dir
 from specviz.train.data import RecordConfig, record
 from specviz.train.head import Sequences, TrainConfig, TrainState, expected_acceptance, train
+from specviz.train.store import load_tree, save_tree
 
 Report = Callable[[str], None]
 
@@ -65,7 +66,7 @@ def data_folder(recipe: HeadRecipe) -> Path:
 
 def load_sequences(paths: list[Path]) -> Sequences:
     """The recorded chunks as one Sequences (features kept in fp16: 3 KB a position for d = 1536)."""
-    rows = [r for p in paths for r in torch.load(p)]
+    rows = [r for p in paths for r in load_tree(p)]
     return Sequences(tuple(r["ids"] for r in rows), tuple(r["feats"] for r in rows))
 
 
@@ -77,7 +78,7 @@ def token_counts(data: Sequences, vocab_size: int) -> torch.Tensor:
 def record_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     """Record every missing chunk, with a line per chunk and the time left."""
     t0 = time.perf_counter()
-    done0 = len(list(data_folder(recipe).glob("chunk-*.pt")))
+    done0 = len(list(data_folder(recipe).glob("chunk-*.safetensors")))
 
     def progress(done: int, total: int) -> None:
         new = done - done0
@@ -107,13 +108,11 @@ def vocabulary(data: Sequences, pair: Any, n: int) -> tuple[DraftVocab, dict[str
 
 
 def _checkpoint_path(recipe: HeadRecipe) -> Path:
-    return work_folder(recipe) / f"checkpoint-{recipe.key()}.pt"
+    return work_folder(recipe) / f"checkpoint-{recipe.key()}.safetensors"
 
 
 def _save_checkpoint(path: Path, state: TrainState) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(dataclasses.asdict(state), tmp)
-    tmp.replace(path)  # whole or not at all
+    save_tree(path, dataclasses.asdict(state))  # whole or not at all
 
 
 def full_p(target: torch.nn.Module, vocab: DraftVocab) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -128,7 +127,7 @@ def full_p(target: torch.nn.Module, vocab: DraftVocab) -> Callable[[torch.Tensor
 
 def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any]) -> tuple[EagleHead, dict[str, Any]]:
     """Train (or resume) the head on the recorded chunks but the last, which is held out; returns it and its record."""
-    paths = sorted(data_folder(recipe).glob("chunk-*.pt"))
+    paths = sorted(data_folder(recipe).glob("chunk-*.safetensors"))
     if len(paths) < 2:
         raise RuntimeError("training needs at least two recorded chunks (one is held out)")
     data, held = load_sequences(paths[:-1]), load_sequences(paths[-1:])
@@ -141,7 +140,7 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
     p_of = full_p(pair.target, vocab)
     before = expected_acceptance(head, held, p_of=p_of)
     ckpt = _checkpoint_path(recipe)
-    resume = TrainState(**torch.load(ckpt)) if ckpt.exists() else None
+    resume = TrainState(**load_tree(ckpt)) if ckpt.exists() else None
     if resume is not None:
         report(f"resuming from step {resume.step} ({ckpt})")
     progress = bar(total=recipe.train.steps, initial=resume.step if resume else 0, desc="training", unit="step")
@@ -178,7 +177,7 @@ def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callab
 
     t0 = time.perf_counter()
     chunks = -(-recipe.record.prompts // recipe.record.chunk)
-    if all((data_folder(recipe) / f"chunk-{c:04d}.pt").exists() for c in range(chunks)):
+    if all((data_folder(recipe) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks)):
         report(f"all {chunks} recorded chunks are in {data_folder(recipe)}")
     else:
         report(f"loading {recipe.pair} (target {recipe.record_precision}) to record its continuations")
