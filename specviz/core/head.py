@@ -68,7 +68,8 @@ class EagleHead(nn.Module):
         if sees is None:
             mask = causal_mask(past, x.shape[1], x.dtype, x.device)  # (1, 1, n, past+n) or None (sdpa's own causal rule)
         else:
-            mask = torch.zeros(sees.shape, dtype=x.dtype).masked_fill_(~sees, torch.finfo(x.dtype).min)[None, None]
+            mask = torch.zeros(sees.shape, dtype=x.dtype, device=x.device).masked_fill_(
+                ~sees.to(x.device), torch.finfo(x.dtype).min)[None, None]
         h = self.layer(x, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
                        position_embeddings=self.rotary(x, positions))
         out = self.norm(h)
