@@ -221,6 +221,7 @@ class RunRecord:
     gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
     peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
     acceptance_by_position: tuple[float, ...] = ()  # share of drafting rounds accepting their k-th token, k = 1…
+    gpu_expected: float | None = None  # this run's rounds replayed at the H200's measured costs (specviz.labs.gpu)
 
 
 def reset_peak_rss() -> bool:
@@ -364,10 +365,22 @@ def measure(pair: Any, pair_name: str, workload: Workload, method: Method, promp
         cmp = metrics.compare(gen, baseline)
         figures.update(acceptance_rate=cmp.acceptance_drafted, alpha_checked=cmp.alpha_checked, c=cmp.c,
                        expected_speedup_measured_verify=cmp.expected_speedup_measured_verify, gamma=cmp.gamma,
-                       acceptance_by_position=cmp.acceptance_by_position)
+                       acceptance_by_position=cmp.acceptance_by_position, gpu_expected=_on_gpu(gen, pair_name, method))
     record = RunRecord(**key, tokens=gen.tokens, ms_per_token=(gen.prefill_ms + gen.decode_ms) / max(1, len(gen.tokens)),
                        peak_rss_mb=rss, **figures)
     return record, gen
+
+
+def _on_gpu(gen: Generation, pair_name: str, method: Method) -> float | None:
+    """The run's rounds at the H200's measured costs, for the pair whose shapes were measured there (else None)."""
+    from specviz.core import drafters
+    from specviz.labs import gpu
+
+    costs = gpu.load_costs() if pair_name == gpu.PAIR else None
+    if costs is None or method.drafter is None:
+        return None
+    kind = drafters.spec(method.drafter)
+    return gpu.expected_speedup(gen, costs, gpu.helper_kind(kind.needs_head, kind.needs_draft_model))
 
 
 def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float) -> None:
@@ -412,6 +425,7 @@ class BenchRow:
     # per drafted position k = 1…: the median over repeats of the share of drafting rounds that accepted
     # their k-th token (a repeat that never drafted that deep counts 0 there); empty without a drafter
     acceptance_by_position: tuple[float, ...] = ()
+    gpu_expected: float | None = None  # median over repeats: the run's rounds at the H200's measured costs
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
@@ -492,6 +506,7 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
         identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
         identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
         acceptance_by_position=_median_by_position(recs),
+        gpu_expected=_median(r.gpu_expected for r in recs),
     )
 
 

@@ -68,8 +68,8 @@ def _yes(x: bool | None) -> str:
 
 
 TABLE_HEADER = ("workload", "mode", "method", "ms/token", "tokens/s", "speed-up", "accepted/drafted", "α (checked)",
-                "tokens/target call", "c", "expected", "expected (measured verify)", "γ", "peak RSS MB", "= target",
-                "= hf-plain")
+                "tokens/target call", "c", "expected", "expected (measured verify)", "on an H200 (estimate)", "γ",
+                "peak RSS MB", "= target", "= hf-plain")
 
 
 def markdown_table(rows: Sequence[BenchRow]) -> str:
@@ -80,7 +80,8 @@ def markdown_table(rows: Sequence[BenchRow]) -> str:
             f"{r.workload} ({r.kind})" if r.kind else r.workload, r.mode, f"`{r.method}`",
             _fmt(r.ms_per_token, 1), _fmt(r.tokens_per_s, 2), _fmt(r.speedup, 2, "×"),
             _fmt(r.acceptance_rate, 2), _fmt(r.alpha_checked, 2), _fmt(r.tokens_per_target_call, 2), _fmt(r.c, 3),
-            _fmt(r.expected_speedup, 2, "×"), _fmt(r.expected_speedup_measured_verify, 2, "×"), _fmt(r.gamma, 1),
+            _fmt(r.expected_speedup, 2, "×"), _fmt(r.expected_speedup_measured_verify, 2, "×"),
+            _fmt(r.gpu_expected, 2, "×"), _fmt(r.gamma, 1),
             _fmt(r.peak_rss_mb, 0),
             _yes(r.identical_to_baseline), _yes(r.identical_to_hf_plain),
         )
@@ -135,6 +136,10 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         "drafted are all tree nodes, γ the mean nodes per tree and c the draft ms per node; the chain formula does not "
         "describe a tree, so its expected columns are blank: read its tokens per target call. These figures "
         "come from specviz.core.metrics.compare and are not observable for transformers' methods (blank).",
+        "- on an H200 (estimate; qwen-coder only): this run's rounds replayed at the step and pass costs measured on a "
+        "lent NVIDIA H200 with random weights in these shapes (`assets/head_cost_gpu.json`, bf16): each round costs its "
+        "sequential draft calls (a tree: one per level) and one verify pass, against one target step per token. The "
+        "acceptance is this run's, on real weights; the costs are the GPU's; no run was made on the GPU.",
         "- acceptance by position (CSV column `acceptance_by_position`, k = 1, 2, …): the share of drafting rounds "
         "whose k-th drafted token was accepted (vLLM's per-position counters; a round that drafted fewer than k, or "
         "stopped before k, is a miss at k; for a tree, the k-th token of its accepted path), median over the repeats.",
