@@ -19,7 +19,7 @@ from specviz.app.settings import shown
 from specviz.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import current_policy, settings, write_page_query
-from specviz.labs import watch
+from specviz.labs import gpu, watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
 from specviz.models import heads
@@ -463,7 +463,21 @@ def _head_section(ref: RunRef, s: Settings, pair: Any) -> None:
     man = heads.manifest(pair.spec.name)
     if man is not None:
         st.caption(watch_view.head_recipe_line(man))
-    st.caption(watch_view.head_gpu_line())
+    st.caption(watch_view.head_gpu_line(*_gpu_estimates(rows, [ref] + ([before] if len(rows) > 1 else []))))
+
+
+def _gpu_estimates(rows: list, refs: list) -> tuple[Any, list]:
+    """The shipped H200 costs and, for each finished run in the head's table, its rounds replayed at them."""
+    costs = gpu.load_costs()
+    out = []
+    for (label, drafter, _), r in zip(rows, refs):
+        spec_gen = _generations(r)[0]
+        kind = drafters.spec(drafter)
+        x = gpu.expected_speedup(spec_gen, costs, gpu.helper_kind(kind.needs_head, kind.needs_draft_model)) \
+            if costs is not None and spec_gen is not None else None
+        if x is not None:
+            out.append((label, kind.title, x))
+    return costs, out
 
 
 def _memory_note(s: Settings) -> None:

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from specviz.core import drafters
 from specviz.core.trace import RoundTrace, TopDist
+from specviz.labs.gpu import GpuCosts
 from specviz.labs.how_far import Curves, RunTradeoff, best_case_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
 from specviz.viz.style import (
@@ -217,9 +218,18 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
             f"{str(man.get('sha256', ''))[:12]}….{scored}")
 
 
-def head_gpu_line() -> str:
-    """The GPU case for the head, saying what was measured where."""
-    return ("On a GPU: the 0.5B draft model's step costs 85–95 % of the 1.5B target's on an NVIDIA H200 (measured there, "
-            "see ../shared/gpu), so it cannot pay. The head is one decoder layer and a 32,768-row output head; its "
-            "step on that GPU has not been measured yet (no GPU was lent to these sessions), so no GPU speed-up is "
-            "claimed for it here.")
+def head_gpu_line(costs: GpuCosts | None, estimates: Sequence[tuple[str, str, float]] = ()) -> str:
+    """The GPU case for the head, saying what was measured where; estimates: (run label, helper title, speed-up)."""
+    if costs is None:
+        return ("On a GPU: the 0.5B draft model's step costs 85–95 % of the 1.5B target's on an NVIDIA H200 (measured "
+                "there), so it cannot pay. The head's step on a GPU has not been measured, so no GPU speed-up is claimed.")
+    runs = "; ".join(f"{label} ({helper}) about {x:.2f}×" for label, helper, x in estimates)
+    return (f"On a GPU ({costs.device}, {costs.precision}, medians of {costs.runs} runs, measured there on the "
+            f"qwen-coder shapes with random weights): a target step takes {costs.target_step_ms:.1f} ms, the head's "
+            f"step {costs.head_step_ms[1]:.2f} ms (c = {costs.c_head:.3f}), the 0.5B draft model's "
+            f"{costs.draft_step_ms:.1f} ms (c = {costs.c_draft:.2f}), and one pass checking up to 16 tokens "
+            f"{min(costs.verify_ms.values()):.1f}–{max(costs.verify_ms.values()):.1f} ms: kernel launches, not "
+            "arithmetic, set the price, so a 1-layer helper is cheap there and a 24-layer one is not. "
+            + (f"Replaying this page's rounds (what the target accepted here, on real weights, on this CPU) at those "
+               f"costs: {runs}. The costs were measured on the GPU, the acceptance here; the speed-up is their "
+               "product, not a run on the GPU." if runs else "")).strip()
