@@ -121,3 +121,28 @@ def test_bad_arguments_are_one_line_errors(capsys):
     assert "--prompts must be at least 80" in capsys.readouterr().err
     assert main(["train-head", "--pair", "tiny-random", "--steps", "0"]) == 2
     assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_beside_an_fp16w_target_the_head_holds_fp16_matrices_and_drafts_the_same_guesses():
+    """The shipped head's values are fp16 already (its file, the target's rows), so fp16 storage loses nothing: the
+    greedy runs stay the target's, and the head's guesses match its fp32 twin's on the same target."""
+    from specviz.models.half import HalfLinear
+
+    pair = models.load_pair("tiny-random", target_precision="fp16w")
+    head = pair.head
+    assert isinstance(head.lm_head, HalfLinear) and isinstance(head.fc, HalfLinear)
+    wide = heads.load("tiny-random", pair.target)
+    for module in wide.modules():  # the fp32 twin: every matrix back in plain fp32
+        for name, child in list(module.named_children()):
+            if isinstance(child, HalfLinear):
+                setattr(module, name, child.to_linear())
+    prompt = pair.tokenizer("def add(a, b):")["input_ids"]
+    config = GenerationConfig(max_new_tokens=16, gamma=3)
+    plain = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt, config))
+    runs = []
+    for h in (head, wide):
+        drafter = EagleDrafter(h)
+        runs.append(drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt, config)))
+    for run in runs:
+        assert run.tokens == plain.tokens
+    assert [r.draft_ids for r in runs[0].rounds] == [r.draft_ids for r in runs[1].rounds]

@@ -84,11 +84,12 @@ def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict
 
 
 def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
-    """The checked head for this pair's target, in fp32, eval mode (an EagleHead)."""
+    """The checked head for this pair's target, fp32 arithmetic, eval mode (an EagleHead; fp16 matrices beside an fp16w target)."""
     from safetensors.torch import load_file
 
     from specviz.core.draft_vocab import DraftVocab
     from specviz.core.head import EagleHead
+    from specviz.models.half import HalfLinear, half_linears
 
     man = check(pair_name, target, folder)
     tensors = load_file(str(paths(pair_name, folder)[0]))
@@ -98,6 +99,11 @@ def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
     missing = [k for k in missing if not k.startswith("lm_head.")]  # the head rows come from the target
     if missing or unexpected:
         raise HeadError(f"the head file does not fit its recipe (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if isinstance(target.get_output_embeddings(), HalfLinear):
+        # an fp16w target: hold the head's matrices in fp16 too (fp32 arithmetic, as the target's). Nothing is
+        # lost: the file's tensors and the target's head rows are fp16 values already; a draft step then
+        # streams half the bytes (the 32,768 head rows alone are 201 MB in fp32)
+        half_linears(head)
     return head.eval()
 
 
