@@ -3,7 +3,7 @@
 Issue 32's GPU figure. The real weights do not travel to the lent GPU machine (64 MiB), so both models are
 built there with random weights in Qwen2.5-Coder-1.5B and -0.5B shapes: a pass's cost depends on the
 shapes, not the values. Acceptance cannot be measured this way; specviz combines these costs with the
-acceptance measured on real weights on a CPU (`specviz.labs.gpu`). Everything runs through the engine's own
+acceptance measured on real weights on a CPU (`specviz.bench.gpu`). Everything runs through the engine's own
 passes (CachedLM / TreeLM and the head), as specviz would run on that GPU.
 
 Run: PYTHONPATH=. python benchmarks/gpu_head_cost.py OUT.json   (medians of 40 timed calls after 8 warm-ups)

@@ -255,7 +255,7 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
         jobs.start(slot, {
             ref_key: lambda: same_answer.reference_job(pair.target, pair.tokenizer, ids, cfg),
             spec_key: lambda: same_answer.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec,
-                                                                    pair.head),
+                                                                    pair.head_for(spec.drafter)),
         })
     if slot.shown() is None:
         if pair.spec.name.startswith("qwen-coder"):

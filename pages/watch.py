@@ -19,7 +19,8 @@ from specviz.app.settings import shown
 from specviz.settings import Settings
 from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import current_policy, settings, write_page_query
-from specviz.labs import gpu, watch
+from specviz.bench import gpu
+from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.lessons import labels, lesson
 from specviz.models import heads

@@ -4,7 +4,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from specviz.labs import gpu
+from specviz.bench import gpu
 from specviz.viz import watch as watch_view
 
 COSTS = gpu.GpuCosts("GPU", "bf16", 3, target_step_ms=20.0, draft_step_ms=16.0, head_step_ms={1: 1.0, 4: 1.5, 8: 2.0},

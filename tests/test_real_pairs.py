@@ -173,7 +173,9 @@ def test_qwen_coder_sampled_head_runs_follow_the_targets_law(qwen_pair):
     from specviz.serve.batch import run_together
     from tests.test_tree import chi_square_pvalue, joint_two
 
-    ids = qwen_pair.tokenizer(PROMPTS["story"])["input_ids"]
+    # an open prompt: the target's first two tokens spread over all 16 top-4 pairs (the story preset's put half the mass
+    # on one first token and left 4 bins over 5 expected draws: too few to test)
+    ids = qwen_pair.tokenizer("She opened the door and")["input_ids"]
     sampling = SamplingConfig("sample", temperature=1.0, top_k=4)
     made = drafters.build("eagle", target=qwen_pair.target, head=qwen_pair.head)
     draws = 300
@@ -184,5 +186,5 @@ def test_qwen_coder_sampled_head_runs_follow_the_targets_law(qwen_pair):
     counts = Counter(g.tokens[:2] for g in gens)
     drafted = sum(len(r.draft_ids) for g in gens for r in g.rounds if r.position < 2)
     pvalue, bins = chi_square_pvalue(counts, joint_two(qwen_pair.target, ids, sampling), draws)
-    assert bins >= 8 and drafted > draws  # the head drafted in nearly every run
+    assert bins >= 12 and drafted > draws  # the head drafted in nearly every run
     assert pvalue > 1e-3, (pvalue, bins)

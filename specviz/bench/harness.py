@@ -221,7 +221,7 @@ class RunRecord:
     gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
     peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
     acceptance_by_position: tuple[float, ...] = ()  # share of drafting rounds accepting their k-th token, k = 1…
-    gpu_expected: float | None = None  # this run's rounds replayed at the H200's measured costs (specviz.labs.gpu)
+    gpu_expected: float | None = None  # this run's rounds replayed at the H200's measured costs (specviz.bench.gpu)
 
 
 def reset_peak_rss() -> bool:
@@ -272,7 +272,7 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     else:
         drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive,
                                  memory=datastore.shared_memory(method.drafter, pair),  # cold: the datastore only
-                                 head=pair.head)
+                                 head=pair.head_for(method.drafter))
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)
@@ -374,7 +374,7 @@ def measure(pair: Any, pair_name: str, workload: Workload, method: Method, promp
 def _on_gpu(gen: Generation, pair_name: str, method: Method) -> float | None:
     """The run's rounds at the H200's measured costs, for the pair whose shapes were measured there (else None)."""
     from specviz.core import drafters
-    from specviz.labs import gpu
+    from specviz.bench import gpu
 
     costs = gpu.load_costs() if pair_name == gpu.PAIR else None
     if costs is None or method.drafter is None:

@@ -73,10 +73,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise CliError(f"--drafter {args.drafter} needs the pair's trained head: "
                        + (pair.head_problem or f"{pair_name} ships none (train one: python -m specviz train-head)"), 1)
     drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree, memory=memory,
-                             head=pair.head)
+                             head=pair.head_for(args.drafter))
     # the warm-up drafts from the datastore only: it must not become an "earlier run" the first timed run remembers
     warm_up(pair, drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree,
-                                 memory=warm_memory, head=pair.head), prompt_ids, args.gamma)
+                                 memory=warm_memory, head=pair.head_for(args.drafter)), prompt_ids, args.gamma)
 
     if not args.quiet:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)

@@ -83,7 +83,7 @@ def cmd_same_answer(args: argparse.Namespace) -> int:
     for rule in ("exact", "topk"):
         t0 = time.perf_counter()
         spec = lab.SpecConfig(args.gamma, "model", rule, args.k)
-        counts = drain(lab.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec, pair.head))
+        counts = drain(lab.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec, pair.head_for(spec.drafter)))
         fit = lab.fit_test(ref.law, counts)
         print(rule_line(rule, args.k, time.perf_counter() - t0, counts, fit), flush=True)
     return 0

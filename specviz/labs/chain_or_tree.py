@@ -131,7 +131,8 @@ def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, Sha
         for n in config.sizes:
             for shape in SHAPES:
                 drafter = drafters.build(tree_kind if shape == "tree" else chain_kind, pair.draft, pair.target,
-                                         tree=config.tree(n) if shape == "tree" else None, head=pair.head)
+                                         tree=config.tree(n) if shape == "tree" else None,
+                                         head=pair.head_for(tree_kind if shape == "tree" else chain_kind))
                 gen = yield from with_progress(
                     speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.chain(n), eos),
                     done, total, f"{preset}: {shape} of {n}", budget)

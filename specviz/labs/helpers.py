@@ -106,7 +106,7 @@ def helpers_steps(pair: Any, config: HelpersConfig) -> Generator[Progress, None,
         done += budget
         for helper in helpers:
             drafter = drafters.build(helper, pair.draft, pair.target, memory=datastore.shared_memory(helper, pair),
-                                     head=pair.head)
+                                     head=pair.head_for(helper))
             gen = yield from with_progress(speculative_generate(pair.target, drafter, pair.tokenizer, ids, cfg, eos),
                                            done, total, f"{preset}: {drafters.spec(helper).title}", budget)
             cmp = metrics.compare(gen, base)

@@ -242,7 +242,7 @@ def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Ge
     for i, gamma in enumerate(config.gammas, start=1):
         yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
         drafter = drafters.build(config.drafter, pair.draft, pair.target,
-                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head)
+                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head_for(config.drafter))
         gen = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
             budget * i, total, f"γ = {gamma}", budget)

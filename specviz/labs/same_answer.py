@@ -125,7 +125,7 @@ def greedy_job(pair: Any, prompt_ids: Sequence[int], drafter: str, config: Gener
         yield Progress(0, 2 * config.max_new_tokens, "making the target's int8 twin (first time only)…")
         target = batch_variant_twin(pair.target)
     made = drafters.build(drafter, pair.draft, pair.target, adaptive=config.adaptive,
-                          memory=datastore.shared_memory(drafter, pair), head=pair.head)
+                          memory=datastore.shared_memory(drafter, pair), head=pair.head_for(drafter))
     return (yield from greedy_comparison(target, made, pair.tokenizer, list(prompt_ids), config, pair.eos_ids,
                                          batch_variant))
 

@@ -66,7 +66,7 @@ def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings, memory: M
     """
     drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive,
                              memory=memory if memory is not None else datastore.shared_memory(s.drafter, pair),
-                             head=pair.head)
+                             head=pair.head_for(s.drafter))
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 

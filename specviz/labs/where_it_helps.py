@@ -151,7 +151,7 @@ def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, No
             done, total, f"{preset.title}, target alone", budget)
         yield Progress(done + budget, total, f"{preset.title}: speculative…")
         drafter = drafters.build(config.drafter, pair.draft, pair.target, adaptive=config.spec.adaptive,
-                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head)
+                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head_for(config.drafter))
         spec = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
             done + budget, total, f"{preset.title}, speculative", budget)

@@ -64,6 +64,12 @@ class LoadedPair:
         whose visitors never choose it pays only the check."""
         return self.shipped_head.get() if self.shipped_head is not None else None
 
+    def head_for(self, drafter: str) -> Any:
+        """The head when `drafter` drafts with it, else None: only a run that uses the head builds it."""
+        from specviz.core import drafters
+
+        return self.head if drafters.spec(drafter).needs_head else None
+
     @property
     def bit_exact(self) -> bool:
         """Whether greedy speculative output is promised token-identical to the target's own greedy output."""

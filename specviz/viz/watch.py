@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from specviz.core import drafters
 from specviz.core.trace import RoundTrace, TopDist
-from specviz.labs.gpu import GpuCosts
+from specviz.bench.gpu import GpuCosts
 from specviz.labs.how_far import Curves, RunTradeoff, best_case_speedup
 from specviz.viz.playback import RaceTimeline, RunningPoint
 from specviz.viz.style import (
