@@ -109,8 +109,9 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
 
     The hybrid, whose rounds are memory trees and draft-model chains in turn, covers both rules on real weights;
     tests/test_memory.py runs the same check for the suffix drafter and the hybrid on tiny models, with more draws.
-    The 600 runs go through the batched executor together, as a class's runs do (one at a time they took 159 s here,
-    most of it each run's own prefill of both models); the law does not depend on what shares a pass."""
+    The 360 runs go through the batched executor together, as a class's runs do; the law does not depend on what
+    shares a pass. (600 runs took 159 s on the 2-core EPYC of 2026-12-04, the slowest test of the suite; 360 keep
+    every two-token sequence above 5 expected draws in 10 or more bins.)"""
     from collections import Counter
 
     from specviz.core.engine import speculative_program
@@ -127,7 +128,7 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
             max_new_tokens=4, sampling=SamplingConfig("sample", temperature=1.0, top_k=6, seed=seed), stop_at_eos=False)))
         visitor.note(visitor.new_key(), ids + list(earlier.tokens))
     made = _memory_drafter("hybrid", smollm, Memory(visitor=visitor))
-    draws = 600
+    draws = 360
     # 3 new tokens, as many as a round may draft before the first two are settled: the first round drafts up to 2
     programs = [speculative_program(smollm.target, made, smollm.tokenizer, ids, GenerationConfig(
         max_new_tokens=3, sampling=SamplingConfig("sample", temperature=1.0, top_k=6, seed=seed), trace_top_n=1,
@@ -137,7 +138,7 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
     picks = sum(1 for g in gens for r in g.rounds if r.position < 2 and r.tree  # the rounds that settled the first two
                 for n in r.tree.nodes if not n.sampled and n.verdict != "unreached")
     pvalue, bins = chi_square_pvalue(counts, joint_two(smollm.target, ids, sampling), draws)
-    assert bins >= 10 and picks > 150  # memory drafts were tried, many times
+    assert bins >= 10 and picks > draws // 4  # memory drafts were tried, many times
     assert pvalue > 1e-3, (pvalue, bins)
 
 
