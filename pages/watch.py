@@ -464,12 +464,13 @@ def _head_section(ref: RunRef, s: Settings, pair: Any) -> None:
     man = heads.manifest(pair.spec.name)
     if man is not None:
         st.caption(watch_view.head_recipe_line(man))
-    st.caption(watch_view.head_gpu_line(*_gpu_estimates(rows, [ref] + ([before] if len(rows) > 1 else []))))
+    st.caption(watch_view.head_gpu_line(*_gpu_estimates(rows, [ref] + ([before] if len(rows) > 1 else []), pair)))
 
 
-def _gpu_estimates(rows: list, refs: list) -> tuple[Any, list]:
-    """The shipped H200 costs and, for each finished run in the head's table, its rounds replayed at them."""
-    costs = gpu.load_costs()
+def _gpu_estimates(rows: list, refs: list, pair: Any) -> tuple[Any, list]:
+    """The shipped H200 costs and, for each finished run in the head's table, its rounds replayed at them (only for the
+    pair whose shapes were measured there)."""
+    costs = gpu.load_costs() if pair.spec.name == gpu.PAIR else None
     out = []
     for (label, drafter, _), r in zip(rows, refs):
         spec_gen = _generations(r)[0]

@@ -510,3 +510,23 @@ def test_d5_draws_acceptance_by_position_from_the_rounds_shown():
     at.radio(key="cfg.level").set_value("d2").run()
     no_exception(at)
     assert "Acceptance by position" not in texts(at)
+
+
+def test_a_run_drafted_by_the_head_says_what_the_helper_is_and_at_d5_its_figures_beside_the_run_before():
+    """The tiny pair ships a head: a model run, then a head run on the same prompt; D5 shows both in the helper table,
+    how the head was trained, and the GPU line (the H200 costs are for qwen-coder's shapes: not claimed here)."""
+    at = play_to_end(make_app(level="d5"))  # the draft model first: the "run before"
+    set_settings(at, drafter="eagle")
+    at = play_to_end(at)
+    words = texts(at)
+    assert "the big model's own notes" in words.lower() or "own notes" in " ".join(s.value for s in at.subheader)
+    tables = [d.value for d in at.dataframe if "helper" in d.value.columns]
+    assert len(tables) == 1
+    table = tables[0]
+    assert list(table["run"]) == ["this run", "your run before, same prompt"]
+    assert table["c (guess cost ÷ target step)"].notna().all()
+    assert "How this head was trained" in words and "sha256" in words
+    assert "has not been measured" in words  # the tiny pair's head: no GPU figure claimed for it
+    at.radio(key="cfg.level").set_value("d1").run()
+    no_exception(at)
+    assert not [d for d in at.dataframe if "helper" in d.value.columns]  # D1: words only
