@@ -27,6 +27,8 @@ def test_chain_rounds_cost_their_draft_calls_and_one_pass():
     # the draft model: 3 × 16 ms + 21 ms a round
     assert gpu.expected_speedup(gen, COSTS, "model") == pytest.approx(5 * 20.0 / (2 * 69.0))
     assert gpu.expected_speedup(gen, COSTS, "free") == pytest.approx(5 * 20.0 / (2 * 21.0))
+    remembered = NS(**{**vars(_chain(3, 3)), "helper": "memory"})  # a hybrid's memory round calls no model
+    assert gpu.expected_speedup(NS(rounds=(remembered,)), COSTS, "model") == pytest.approx(4 * 20.0 / 21.0)
 
 
 def test_tree_rounds_cost_one_call_per_level_and_one_pass_of_every_node():

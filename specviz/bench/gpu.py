@@ -78,6 +78,8 @@ def round_ms(rnd, costs: GpuCosts, helper: str) -> float:
     no model call) and its verify pass."""
     if not rnd.draft_ids:
         return costs.target_step_ms  # a plain target step
+    if getattr(rnd, "helper", "") == "memory":
+        helper = "free"  # a hybrid's round drafted from its memory: no model call
     if rnd.tree is not None:
         widths: dict[int, int] = {}
         for node in rnd.tree.nodes:
