@@ -474,11 +474,9 @@ def _gpu_estimates(rows: list, refs: list, pair: Any) -> tuple[Any, list]:
     out = []
     for (label, drafter, _), r in zip(rows, refs):
         spec_gen = _generations(r)[0]
-        kind = drafters.spec(drafter)
-        x = gpu.expected_speedup(spec_gen, costs, gpu.helper_kind(kind.needs_head, kind.needs_draft_model)) \
-            if costs is not None and spec_gen is not None else None
+        x = gpu.expected_for(spec_gen, costs, drafter) if costs is not None and spec_gen is not None else None
         if x is not None:
-            out.append((label, kind.title, x))
+            out.append((label, drafters.spec(drafter).title, x))
     return costs, out
 
 

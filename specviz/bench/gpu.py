@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from specviz.core import drafters
 from specviz.core.trace import Generation
 
 FIGURES = Path(__file__).resolve().parents[2] / "assets" / "head_cost_gpu.json"
@@ -99,6 +100,12 @@ def _draft_call_ms(costs: GpuCosts, helper: str, width: int) -> float:
 def helper_kind(needs_head: bool, needs_draft_model: bool) -> str:
     """How a drafter's calls are costed here: "head", "model", or "free" (a lookup in text)."""
     return "head" if needs_head else "model" if needs_draft_model else "free"
+
+
+def expected_for(gen: Generation, costs: GpuCosts, drafter: str) -> float | None:
+    """`expected_speedup` for a run of the named drafter (its calls costed as the registry says it drafts)."""
+    kind = drafters.spec(drafter)
+    return expected_speedup(gen, costs, helper_kind(kind.needs_head, kind.needs_draft_model))
 
 
 def expected_speedup(gen: Generation, costs: GpuCosts, helper: str) -> float | None:

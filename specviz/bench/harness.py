@@ -27,6 +27,7 @@ from specviz.core.sampling import SamplingConfig
 from specviz.models import datastore
 from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
+from specviz.bench import gpu
 
 Mode = Literal["greedy", "sample"]
 
@@ -373,14 +374,10 @@ def measure(pair: Any, pair_name: str, workload: Workload, method: Method, promp
 
 def _on_gpu(gen: Generation, pair_name: str, method: Method) -> float | None:
     """The run's rounds at the H200's measured costs, for the pair whose shapes were measured there (else None)."""
-    from specviz.core import drafters
-    from specviz.bench import gpu
-
     costs = gpu.load_costs() if pair_name == gpu.PAIR else None
     if costs is None or method.drafter is None:
         return None
-    kind = drafters.spec(method.drafter)
-    return gpu.expected_speedup(gen, costs, gpu.helper_kind(kind.needs_head, kind.needs_draft_model))
+    return gpu.expected_for(gen, costs, method.drafter)
 
 
 def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float) -> None:
