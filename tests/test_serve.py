@@ -108,6 +108,36 @@ def test_runs_of_every_kind_together_equal_each_run_alone(target, draft):
     assert max(s.most for s in sharing) == len(RUNS)
 
 
+def _rows_fed(model):
+    """A counter of the rows a model's passes compute (its embedding sees every fed id once) and its hook."""
+    seen = [0]
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.__setitem__(0, seen[0] + args[0].numel()))
+    return seen, hook
+
+
+def test_runs_on_one_prompt_compute_its_first_pass_once_and_each_ends_as_it_would_alone(target, draft):
+    """A class pressing Play on one preset: the prompt's first pass is one pass's rows for all of them, nothing else changes."""
+    prompt = [4, 5, 6, 7, 8, 9, 10]
+    runs = [("model", prompt, sampled(10, seed=s)) for s in range(5)] + [("tree", prompt, greedy(9)),
+                                                                          ("model", [4, 5, 6], greedy(8))]
+    assert batch_exactness(target).exact  # its check (once per model) runs passes of its own: before the counting
+    seen, hooks = zip(*(_rows_fed(m) for m in (target, draft)))
+    try:
+        solos = [alone(target, draft, *r) for r in runs]
+        alone_rows = [n[0] for n in seen]
+        for n in seen:
+            n[0] = 0
+        gens, _, _ = run_together([program(target, draft, *r) for r in runs], target)
+    finally:
+        for h in hooks:
+            h.remove()
+    for gen, solo in zip(gens, solos):
+        assert gen.tokens == solo.tokens and [r.uniforms for r in gen.rounds] == [r.uniforms for r in solo.rounds]
+    shared = 5 * (len(prompt) - 1)  # the tree run and four model runs rode on one model run's prefill of 6 rows
+    assert seen[0][0] == alone_rows[0] - shared  # the target
+    assert seen[1][0] == alone_rows[1] - shared  # the draft model, which both drafters prefill the same way
+
+
 def test_a_target_whose_rows_depend_on_the_pass_is_served_one_run_per_forward(draft):
     plain = aligned_lm(0, packed=False)
     found = batch_exactness(plain)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from specviz.core.clock import run_clock
 from specviz.core.engine import Program
@@ -133,8 +134,12 @@ class Batch:
         return done + self._advance(waiting)
 
     def _serve(self, runs: list[_Run], shared: bool) -> None:
-        """Answer the runs' pending feeds: packed up to max_rows a forward where shared, else one run a forward."""
-        for chunk in _chunks(runs, self.max_rows if shared else 0):
+        """Answer the runs' pending feeds: packed up to max_rows a forward where shared, else one run a forward.
+
+        Where shared, runs whose pass is the same first pass (a class pressing Play on one preset) ride on one of
+        them: its rows are computed once and its keys/values and answer copied to its twins (see `_twin_key`)."""
+        firsts, twins = _twins(runs) if shared else (runs, {})
+        for chunk in _chunks(firsts, self.max_rows if shared else 0):
             feeds: list[Feed] = [r.pending for r in chunk]  # type: ignore[misc]
             before = [_lengths(f.cache) for f in feeds] if len(feeds) > 1 else []
             t0 = time.perf_counter()
@@ -143,12 +148,14 @@ class Batch:
             except Exception as exc:  # noqa: BLE001 - one run's bad pass must not fail the others: undo, then each alone
                 answers = _one_by_one(feeds, before) if before else [exc]
             target_pass = chunk[0].pending.model is chunk[0].target  # type: ignore[union-attr]
+            members = [(r, a) for r, a in zip(chunk, answers)]
+            members += [(t, _copy_pass(r.pending, t.pending, a)) for r, a in members for t in twins.get(id(r), ())]
             wall = time.perf_counter() - t0
-            for r, a in zip(chunk, answers):
+            for r, a in members:
                 r.answer, r.pending = a, None
                 r.busy_s += wall  # a shared pass counts in full for every run in it
                 if target_pass:
-                    r.passes, r.runs_total, r.most = r.passes + 1, r.runs_total + len(chunk), max(r.most, len(chunk))
+                    r.passes, r.runs_total, r.most = r.passes + 1, r.runs_total + len(members), max(r.most, len(members))
 
     def _advance(self, runs: Sequence[_Run]) -> list[Outcome]:
         """Send each run what it waits for and run it to its next pass (publishing rounds); finished runs leave."""
@@ -198,6 +205,45 @@ def _chunks(runs: list[_Run], max_rows: int) -> list[list[_Run]]:
             out.append([r])
             rows = n
     return out
+
+
+def _twin_key(feed: Feed) -> tuple | None:
+    """What makes two runs' passes one pass: the first pass of one model (empty cache, plain causal rows) over the same rows.
+
+    Only a first pass qualifies: two caches that hold the same ids hold the same keys/values only if both
+    were filled by passes of the same rows, which nothing here tracks; an empty cache holds nothing to differ."""
+    if feed.mask is not None or feed.cache.get_seq_length() != 0:
+        return None
+    if any(type(layer) is not DynamicLayer for layer in feed.cache.layers):  # a sliding layer keeps a count of its own
+        return None
+    return id(feed.model), feed.ids, feed.positions, feed.first_logit, feed.layers, feed.first_hidden
+
+
+def _twins(runs: list[_Run]) -> tuple[list[_Run], dict[int, list[_Run]]]:
+    """The runs whose passes are computed (one of each set of twins), and each one's twins by id."""
+    firsts: list[_Run] = []
+    first_of: dict[tuple, _Run] = {}
+    twins: dict[int, list[_Run]] = {}
+    for r in runs:
+        key = _twin_key(r.pending)  # type: ignore[arg-type]
+        if key is not None and key in first_of:
+            twins.setdefault(id(first_of[key]), []).append(r)
+            continue
+        if key is not None:
+            first_of[key] = r
+        firsts.append(r)
+    return firsts, twins
+
+
+def _copy_pass(done: Feed | None, twin: Feed | None, answer: Any) -> Any:
+    """Give a twin's cache the keys/values its first run's pass stored, and a copy of that pass's answer."""
+    if isinstance(answer, BaseException):
+        return answer  # the same rows fail the same way
+    assert done is not None and twin is not None
+    for layer_idx, layer in enumerate(done.cache.layers):
+        if layer.is_initialized:  # copied by the cache's own update (a concatenation onto its empty tensors)
+            twin.cache.update(layer.keys, layer.values, layer_idx)
+    return Pass(answer.logits.clone(), tuple(h.clone() for h in answer.hidden))
 
 
 def _lengths(cache: Any) -> list[int]:
