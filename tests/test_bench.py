@@ -115,7 +115,9 @@ def test_copy_workload_sampling_and_lookup_methods(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
-    done = run_bench_cli(*args, "--out", str(tmp_path))
+    from tests.test_cli import run_cli
+
+    done = run_cli("bench", *args, "--out", str(tmp_path), in_process=True)  # cli.main, as `python -m specviz` calls it
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specviz: error:") and message in lines[0], done.stderr

@@ -233,7 +233,7 @@ def test_bad_arguments_are_one_line(case):
     for flag, value in base.items():  # defaults first; the case's own value for a flag replaces them
         if flag not in extra:
             args += [flag, value]
-    done = run_cli("generate", *args, *extra)
+    done = run_cli("generate", *args, *extra, in_process=True)  # the entry point's own refusals: test_no_command_is_one_line
     assert_one_error_line(done, 2, mentions)
 
 

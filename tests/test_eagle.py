@@ -8,10 +8,11 @@ import torch
 from specviz.core.draft_vocab import DraftVocab, most_frequent
 from specviz.core.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specviz.core.drafters.tree import TreeConfig
-from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.engine import autoregressive_generate, speculative_generate, speculative_program
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
+from specviz.serve.batch import run_together
 from specviz.core.head import EagleHead
 from specviz.models.tiny import _build_tiny_random
 from specviz.train.head import TrainConfig, collect, expected_acceptance, train
@@ -75,17 +76,13 @@ def test_sampled_eagle_runs_follow_the_targets_law_with_a_smaller_vocabulary(mak
     target = tiny_lm(3, 6)
     drafter = make(_head(target, DraftVocab(torch.tensor([0, 2, 3, 5]), 6), seed=1))
     sampling = SamplingConfig("sample", temperature=2.0)
-    draws, counts, drafted = 1000, Counter(), 0
-    for seed in range(draws):
-        cfg = GenerationConfig(max_new_tokens=3, gamma=2, stop_at_eos=False,
-                               sampling=SamplingConfig("sample", temperature=2.0, seed=seed), trace_top_n=1)
-        made = []
-        for r in speculative_generate(target, drafter, TOK, [1, 2, 4], cfg):
-            made += r.new_ids
-            drafted += len(r.draft_ids)
-            if len(made) >= 2:
-                break
-        counts[tuple(made[:2])] += 1
+    draws = 1000
+    # the runs advance together through the batched executor (each run's answers are its own: tests/test_serve.py)
+    gens, _, _ = run_together([speculative_program(target, drafter, TOK, [1, 2, 4], GenerationConfig(
+        max_new_tokens=3, gamma=2, stop_at_eos=False, sampling=SamplingConfig("sample", temperature=2.0, seed=seed),
+        trace_top_n=1)) for seed in range(draws)], target)
+    counts = Counter(tuple(g.tokens[:2]) for g in gens)
+    drafted = sum(len(r.draft_ids) for g in gens for r in g.rounds if r.position < 2)  # the rounds that settled the first two
     pvalue, bins = chi_square_pvalue(counts, joint_two(target, [1, 2, 4], sampling), draws)
     assert drafted > draws and bins >= 10  # the head drafted in most runs
     assert pvalue > 1e-3, (pvalue, bins)

@@ -11,11 +11,12 @@ from specviz.core.progress import drain
 from specviz.core.rounds import ChainDraftSession, Draft
 from specviz.core.drafters.model import ModelDrafter
 from specviz.core.drafters.ngram import NgramDrafter, find_ngram_continuation
-from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.engine import autoregressive_generate, speculative_generate, speculative_program
 from specviz.core.trace import GenerationConfig
 from specviz.core.kv import CachedLM
 from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.sampling import SamplingConfig, logits_to_probs
+from specviz.serve.batch import run_together
 
 V = 12
 
@@ -195,9 +196,12 @@ def test_sampled_two_token_law_matches_target_exactly():
     joint = (p1[:, None] * p2).flatten()  # (V*V,)
     counts = torch.zeros(vocab * vocab)
     draws = 2500
-    for seed in range(draws):
-        cfg = GenerationConfig(max_new_tokens=3, gamma=2, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}))
-        t1, t2 = drain(speculative_generate(target, ModelDrafter(draft), TOK, prompt, cfg)).tokens[:2]
+    # the runs advance together through the batched executor (each run's answers are its own: tests/test_serve.py)
+    gens, _, _ = run_together([speculative_program(target, ModelDrafter(draft), TOK, prompt, GenerationConfig(
+        max_new_tokens=3, gamma=2, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed})))
+        for seed in range(draws)], target)
+    for gen in gens:
+        t1, t2 = gen.tokens[:2]
         counts[t1 * vocab + t2] += 1
     keep = joint * draws > 5
     obs, exp = counts[keep].double(), (joint[keep] * draws).double()

@@ -424,20 +424,22 @@ def test_sampling_tree_replays_bit_for_bit(target, other):
 
 
 def first_two_counts(target, drafter, tok, prompt, sampling, draws):
-    """Counts of the first two emitted tokens over `draws` seeds (the run stops as soon as two exist)."""
+    """Counts of the first two emitted tokens over `draws` seeds, and how many deterministic tree picks settled them.
+
+    The runs advance together through the batched executor, as a class's do (each run's answers are its own:
+    tests/test_serve.py), so the prompt's first pass is computed once and each pass serves many runs."""
+    from specviz.core.engine import speculative_program
+    from specviz.serve.batch import run_together
+
+    programs = [speculative_program(target, drafter, tok, prompt, GenerationConfig(
+        max_new_tokens=3, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}), stop_at_eos=False))
+        for seed in range(draws)]
+    gens, _, _ = run_together(programs, target)
     counts = defaultdict(int)
-    tried_picks = 0
-    for seed in range(draws):
-        cfg = GenerationConfig(max_new_tokens=3, sampling=SamplingConfig(**{**sampling.__dict__, "seed": seed}),
-                               stop_at_eos=False)
-        made = []
-        for r in speculative_generate(target, drafter, tok, prompt, cfg):
-            made += r.new_ids
-            if r.tree:
-                tried_picks += sum(1 for n in r.tree.nodes if not n.sampled and n.verdict != "unreached")
-            if len(made) >= 2:
-                break
-        counts[tuple(made[:2])] += 1
+    for g in gens:
+        counts[tuple(g.tokens[:2])] += 1
+    tried_picks = sum(1 for g in gens for r in g.rounds if r.position < 2 and r.tree  # the rounds that settled the first two
+                      for n in r.tree.nodes if not n.sampled and n.verdict != "unreached")
     return counts, tried_picks
 
 
@@ -577,5 +579,5 @@ def test_cli_json_tree_rounds_carry_the_tree():
 def test_cli_refuses_bad_tree_shapes_in_one_line(bad):
     from tests.test_cli import assert_one_error_line, run_cli
 
-    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--drafter", "tree", *bad)
+    done = run_cli("generate", "--pair", "tiny-random", "--prompt", "x", "--drafter", "tree", *bad, in_process=True)
     assert_one_error_line(done, 2, bad[0])
