@@ -297,6 +297,29 @@ def test_the_runner_batches_runs_that_join_while_others_run_and_runs_labs_alone(
     assert _wait(lambda: after.view().finished, 120) and seen == [0]
 
 
+def _runner_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name == "specviz-runner")
+
+
+def test_the_runners_thread_ends_when_idle_and_the_next_job_starts_one(target, draft):
+    """An idle worker thread would keep torch's OpenMP team alive, which slows every other thread's parallel ops
+    (serve/worker.py, Runner): it ends once nothing is queued or running, and a later job gets a new one."""
+    from specviz.serve.worker import Runner
+
+    runner = Runner(str)
+    assert _wait(lambda: _runner_threads() == 0, 30)  # other tests' runners have ended too
+    first = runner.submit("a", _shared(target, draft, "model", [1, 2, 3], greedy(12)), shared=True)
+    lab = runner.submit("lab", lambda: iter(()))  # a job that runs alone
+    assert _wait(lambda: first.view().finished and lab.view().finished, 120) and _runner_threads() <= 1
+    assert _wait(lambda: _runner_threads() == 0, 30)
+    again = runner.submit("b", _shared(target, draft, "model", [1, 2, 3], greedy(12)), shared=True)
+    assert _wait(lambda: again.view().finished, 120)
+    assert again.view().generation.tokens == first.view().generation.tokens
+    assert _wait(lambda: _runner_threads() == 0, 30)
+
+
 def test_a_stopped_shared_run_leaves_the_batch_and_the_others_finish(target, draft):
     from specviz.serve.worker import Runner
 

@@ -240,6 +240,9 @@ class Job:
                 self._cpu = (self._cpu_start, end) if self._cpu_start is not None and end is not None else None
 
 
+_IDLE: Any = object()  # what _next_alone answers when the worker has nothing to do
+
+
 class Runner:
     """One worker thread: generation runs advance together in one batch (continuous batching), other jobs run alone.
 
@@ -249,6 +252,13 @@ class Runner:
     (a timing lab) waits until the batch has drained, then has the models to itself. At most
     `max_queued` jobs wait (more raise RunnerBusy, so a crowd cannot pile up hours of work) and at
     most `max_jobs` are kept, finished ones evicted oldest first.
+
+    The worker thread ends whenever nothing is queued or running, and the next job starts a new one. Why:
+    torch's OpenMP runtime (libgomp) keeps a team of threads for every thread that ran a parallel op, and
+    while more of them exist than the machine has cores, every team stops spinning and sleeps between ops,
+    so each parallel op in any thread pays a wake-up (measured on the 2-core EPYC: a small linear 6 µs ->
+    100 µs beside one idle thread that had run torch). An idle worker that stays alive slows every other
+    thread's torch work that way; one that ends takes its team with it.
     """
 
     # A class of 30 pressing Play at once queues 60 jobs (each run brings its target-only baseline).
@@ -263,8 +273,7 @@ class Runner:
         self._running: Job | None = None
         self._batch = Batch(max_runs=max_batch)
         self._members: dict[int, Job] = {}  # the shared runs in the batch, by id(job)
-        self._worker = threading.Thread(target=self._work, daemon=True, name="specviz-runner")
-        self._worker.start()
+        self._working = False  # a worker thread is running (it ends when idle; `submit` starts the next)
 
     def submit(self, key: Hashable, make: Callable[[], Any], owner: Hashable | None = None,
                owner_limit: int | None = None, shared: bool = False) -> Job:
@@ -286,7 +295,9 @@ class Runner:
             job = self._jobs[key] = Job(key, make, owner, shared)
             self._evict()
             self._pending.append(job)
-            self._lock.notify()
+            if not self._working:
+                self._working = True
+                threading.Thread(target=self._work, daemon=True, name="specviz-runner").start()
         return job
 
     def get(self, key: Hashable) -> Job | None:
@@ -325,30 +336,37 @@ class Runner:
             del self._jobs[finished.pop(0)]
 
     def _work(self) -> None:
-        while True:
-            job = self._next_alone()
-            if job is None:
-                self._tick()
-                continue
-            try:
-                job.run(self._user_error)
-            finally:
-                with self._lock:
-                    self._running = None
+        try:
+            while True:
+                job = self._next_alone()
+                if job is _IDLE:
+                    return  # nothing queued or running: the thread ends (see the class's docstring)
+                if job is None:
+                    self._tick()
+                    continue
+                try:
+                    job.run(self._user_error)
+                finally:
+                    with self._lock:
+                        self._running = None
+        except BaseException:  # a bug above: the next submit starts a worker again instead of none ever running
+            with self._lock:
+                self._working = False
+            raise
 
     def _next_alone(self) -> Job | None:
         """Admit the shared runs at the head of the queue into the batch; the job to run alone once the batch is empty
-        and such a job is next (None: tick the batch). Blocks while there is nothing to do."""
+        and such a job is next (None: tick the batch; _IDLE: nothing to do, and the worker is marked as ended)."""
         with self._lock:
-            while True:
-                while self._pending and self._pending[0].shared and self._batch.room > 0:
-                    self._admit(self._pending.popleft())
-                if self._members:
-                    return None
-                if self._pending:
-                    job = self._running = self._pending.popleft()
-                    return job
-                self._lock.wait()
+            while self._pending and self._pending[0].shared and self._batch.room > 0:
+                self._admit(self._pending.popleft())
+            if self._members:
+                return None
+            if self._pending:
+                job = self._running = self._pending.popleft()
+                return job
+            self._working = False  # under the lock: a submit from now on starts a new worker
+            return _IDLE
 
     def _admit(self, job: Job) -> None:
         """Build a shared run and put it in the batch (called with the lock held; building runs no model)."""
