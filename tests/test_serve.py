@@ -115,8 +115,12 @@ def _rows_fed(model):
     return seen, hook
 
 
-def test_runs_on_one_prompt_compute_its_first_pass_once_and_each_ends_as_it_would_alone(target, draft):
-    """A class pressing Play on one preset: the prompt's first pass is one pass's rows for all of them, nothing else changes."""
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "one-run-a-forward"])
+def test_runs_on_one_prompt_compute_its_first_pass_once_and_each_ends_as_it_would_alone(target, draft, packed):
+    """A class pressing Play on one preset: the prompt's first pass is one pass's rows for all of them, nothing else
+    changes; where the target's passes are not packed (serve.exact refused it) too, each twin's pass being the same rows alone."""
+    from specviz.serve.exact import Exactness
+
     prompt = [4, 5, 6, 7, 8, 9, 10]
     runs = [("model", prompt, sampled(10, seed=s)) for s in range(5)] + [("tree", prompt, greedy(9)),
                                                                           ("model", [4, 5, 6], greedy(8))]
@@ -127,7 +131,8 @@ def test_runs_on_one_prompt_compute_its_first_pass_once_and_each_ends_as_it_woul
         alone_rows = [n[0] for n in seen]
         for n in seen:
             n[0] = 0
-        gens, _, _ = run_together([program(target, draft, *r) for r in runs], target)
+        exactness = batch_exactness if packed else (lambda model, rows: Exactness(False, rows, "refused for the test"))
+        gens, sharing, _ = run_together([program(target, draft, *r) for r in runs], target, exactness=exactness)
     finally:
         for h in hooks:
             h.remove()
@@ -136,6 +141,7 @@ def test_runs_on_one_prompt_compute_its_first_pass_once_and_each_ends_as_it_woul
     shared = 5 * (len(prompt) - 1)  # the tree run and four model runs rode on one model run's prefill of 6 rows
     assert seen[0][0] == alone_rows[0] - shared  # the target
     assert seen[1][0] == alone_rows[1] - shared  # the draft model, which both drafters prefill the same way
+    assert packed or max(s.passes for s in sharing) > 0 and all(s.most <= 6 for s in sharing)  # only twins shared
 
 
 def test_a_target_whose_rows_depend_on_the_pass_is_served_one_run_per_forward(draft):

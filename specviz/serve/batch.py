@@ -136,9 +136,10 @@ class Batch:
     def _serve(self, runs: list[_Run], shared: bool) -> None:
         """Answer the runs' pending feeds: packed up to max_rows a forward where shared, else one run a forward.
 
-        Where shared, runs whose pass is the same first pass (a class pressing Play on one preset) ride on one of
-        them: its rows are computed once and its keys/values and answer copied to its twins (see `_twin_key`)."""
-        firsts, twins = _twins(runs) if shared else (runs, {})
+        Runs whose pass is the same first pass (a class pressing Play on one preset) ride on one of them: its rows
+        are computed once and its keys/values and answer copied to its twins (see `_twin_key`). That holds where
+        runs are not packed too: a twin's own pass would be the same rows alone, the same computation bit for bit."""
+        firsts, twins = _twins(runs)
         for chunk in _chunks(firsts, self.max_rows if shared else 0):
             feeds: list[Feed] = [r.pending for r in chunk]  # type: ignore[misc]
             before = [_lengths(f.cache) for f in feeds] if len(feeds) > 1 else []
