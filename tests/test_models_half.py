@@ -174,3 +174,22 @@ def test_the_cache_check_takes_fbgemms_fp16_values_and_catches_one_value_a_step_
     off[150, 7] = torch.tensor(off[150, 7].view(torch.int16).item() + 1, dtype=torch.int16).view(torch.float16)  # the next fp16
     assert not half.is_nearest_fp16(off, weight)
     assert not half.is_nearest_fp16(values[1:], weight[:-1] * 1.01)  # another weight
+
+
+def test_the_cache_writers_fp16_values_are_fbgemms_own_bit_for_bit() -> None:
+    """The cache stores `fp16_values` (a clamp, then round to nearest even) instead of packing every weight with fbgemm
+    and reading it back; the two must agree on every bit: normal values, exact ties between fp16 neighbours, subnormals
+    and their ties, signed zeros, and weights beyond fp16's range, which fbgemm saturates to ±65504."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(4000, 256, generator=gen) * torch.logspace(-12, 7, 4000)[:, None]
+    k = torch.arange(256, dtype=torch.float32)
+    weight[0] = (k + 0.5) * 2.0**-24  # halfway between subnormal neighbours
+    weight[1] = -weight[0]
+    weight[2] = 1.0 + (2 * k + 1) * 2.0**-11  # halfway between normal neighbours in [1, 2)
+    weight[3, :6] = torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e9])
+    fbgemm = torch.cat([torch.ops.quantized.linear_unpack_fp16(half._prepack(weight[i : i + 500]))[0]
+                        for i in range(0, len(weight), 500)])
+    ours = half.fp16_values(weight)
+    assert ours.dtype == torch.float16 and fbgemm.dtype == torch.float32  # fbgemm unpacks its fp16 values widened
+    assert torch.equal(ours.float().view(torch.int32), fbgemm.view(torch.int32))  # widening is exact, signs of zero kept
+    assert float(ours[3, 4]) == 65504.0 and float(ours[3, 5]) == -65504.0  # saturated, not inf

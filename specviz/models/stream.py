@@ -210,7 +210,7 @@ def stored_as(lay: Layout, name: str, tensor: torch.Tensor) -> dict[str, torch.T
     module, _, kind = name.rpartition(".")
     out: dict[str, torch.Tensor] = {}
     if kind == "weight" and lay.form == "fp16w" and module in lay.linears and module != lay.tied_head:
-        out[name] = half.fp16_values(tensor)  # the fp16 values fbgemm holds, exactly
+        out[name] = half.fp16_values(tensor)  # the fp16 values fbgemm's packing holds, exactly
     elif kind == "weight" and lay.form == "int8" and module in lay.int8:
         out.update(int8_parts(module, int8_layer(tensor)))
     elif not (module == lay.tied_head and kind == "weight"):
