@@ -187,9 +187,11 @@ def test_the_cache_writers_fp16_values_are_fbgemms_own_bit_for_bit() -> None:
     weight[1] = -weight[0]
     weight[2] = 1.0 + (2 * k + 1) * 2.0**-11  # halfway between normal neighbours in [1, 2)
     weight[3, :6] = torch.tensor([0.0, -0.0, 65504.0, 65519.0, 65520.0, -1e9])
-    fbgemm = torch.cat([torch.ops.quantized.linear_unpack_fp16(half._prepack(weight[i : i + 500]))[0]
-                        for i in range(0, len(weight), 500)])
     ours = half.fp16_values(weight)
+    # fbgemm's packing saturates the fp32 tensor it is handed in place: it gets copies, so `ours` saw the raw weight
+    fbgemm = torch.cat([torch.ops.quantized.linear_unpack_fp16(half._prepack(weight[i : i + 500].clone()))[0]
+                        for i in range(0, len(weight), 500)])
+    assert float(weight[3, 5]) == -1e9  # the copies took that saturation; the weight kept its value
     assert ours.dtype == torch.float16 and fbgemm.dtype == torch.float32  # fbgemm unpacks its fp16 values widened
     assert torch.equal(ours.float().view(torch.int32), fbgemm.view(torch.int32))  # widening is exact, signs of zero kept
     assert float(ours[3, 4]) == 65504.0 and float(ours[3, 5]) == -65504.0  # saturated, not inf
