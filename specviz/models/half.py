@@ -26,6 +26,11 @@ _FP16_MAX = 65504.0  # the largest finite fp16; fbgemm's packing saturates large
 _PIECE = 32 << 20  # weights packed in row blocks of at most this many values: what fbgemm allocates while packing stays small
 
 
+def _piece_rows(in_features: int) -> int:
+    """Rows in one block of a weight with this many columns: at most _PIECE values (one packed piece, one temporary)."""
+    return max(1, _PIECE // max(1, in_features))
+
+
 def _prepack(weight: torch.Tensor) -> object:
     return torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
 
@@ -85,7 +90,7 @@ class HalfLinear(torch.nn.Module):
         """Pack a weight (any float dtype), row block by row block."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight {tuple(weight.shape)} does not fit a {self.in_features}->{self.out_features} layer")
-        step = max(1, _PIECE // self.in_features)
+        step = _piece_rows(self.in_features)
         self.pieces = [_prepack(weight[i : i + step]) for i in range(0, self.out_features, step)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +147,7 @@ def fp16_values(weight: torch.Tensor) -> torch.Tensor:
     subnormals and saturation included), at a fifteenth of its cost: packing and unpacking each fp16w weight to read
     fbgemm's values back took 0.45 s for one 8960 x 1536 matrix on a 2-core Xeon, this 0.03 s."""
     out = torch.empty(tuple(weight.shape), dtype=torch.float16)
-    step = max(1, _PIECE // max(1, weight.shape[-1]))
+    step = _piece_rows(weight.shape[-1])
     for i in range(0, weight.shape[0], step):
         out[i : i + step] = weight[i : i + step].clamp(-_FP16_MAX, _FP16_MAX)  # the copy rounds to nearest, ties to even
     return out
