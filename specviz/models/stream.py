@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -38,31 +39,52 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8, "F64": t
 
 @contextlib.contextmanager
 def one_gguf_reader(path: Path) -> Iterator[None]:
-    """While open, every GGUFReader of `path` (transformers makes one for the config, two for the tokenizer, one
-    for the tensors' names) is one and the same, parsed once.
+    """While open, the metadata of `path` is parsed once however often transformers asks for it.
 
-    Why: a reader parses every metadata field on construction, and the tokenizer's 151,936 tokens and merges
-    took about 12 s each time (4 readers: 49 of the Qwen 0.5B's 99 s build). transformers imports the class
-    from `gguf` at each call, so swapping the module's attribute is enough; the build runs in a child process of
-    its own, so nothing else sees the swap, and it is undone on exit.
+    Three things, each a pure function of its arguments, are computed once and shared:
+    - the GGUFReader of `path` (transformers makes one for the config, two for the tokenizer, one for the
+      tensors' names): a reader parses every metadata field on construction, and the tokenizer's 151,936
+      tokens and merges took about 12 s each time (4 readers: 49 of the Qwen 0.5B's 99 s build);
+    - load_gguf_checkpoint's metadata-only answer (config and tokenizer fields as Python values; each caller
+      gets its own deep copy, since transformers' callers and ours edit it);
+    - gguf's TensorNameMap of an architecture: get_gguf_hf_weights_map builds a new one at each of the ~400
+      modules it recurses into (6-10 s of formatted names per build).
+    transformers imports these from their modules at each call, so swapping the modules' attributes is
+    enough; the build runs in a child process of its own, so nothing else sees the swap, and it is undone on exit.
     """
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
-    real = gguf.GGUFReader
-    shared: dict[str, Any] = {}
+    real_reader, real_checkpoint, real_name_map = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint, gguf.get_tensor_name_map
+    shared: dict[Any, Any] = {}
+
+    def ours(where: Any) -> bool:
+        return isinstance(where, (str, os.PathLike)) and Path(where).resolve() == path.resolve()
 
     def reader(where: Any, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs or Path(where).resolve() != path.resolve():
-            return real(where, *args, **kwargs)
-        if "one" not in shared:
-            shared["one"] = real(where)
-        return shared["one"]
+        if args or kwargs or not ours(where):
+            return real_reader(where, *args, **kwargs)
+        if "reader" not in shared:
+            shared["reader"] = real_reader(where)
+        return shared["reader"]
 
-    gguf.GGUFReader = reader  # type: ignore[misc]
+    def checkpoint(where: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
+        if return_tensors or args or kwargs or not ours(where):
+            return real_checkpoint(where, return_tensors, *args, **kwargs)
+        if "metadata" not in shared:
+            shared["metadata"] = real_checkpoint(where, return_tensors=False)
+        return copy.deepcopy(shared["metadata"])
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in shared:  # read only by its callers (get_name, get_type)
+            shared[arch, n_blocks] = real_name_map(arch, n_blocks)
+        return shared[arch, n_blocks]
+
+    gguf.GGUFReader, hf_gguf.load_gguf_checkpoint, gguf.get_tensor_name_map = reader, checkpoint, name_map  # type: ignore[misc,assignment]
     try:
         yield
     finally:
-        gguf.GGUFReader = real  # type: ignore[misc]
+        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint, gguf.get_tensor_name_map = real_reader, real_checkpoint, real_name_map  # type: ignore[misc]
 
 
 def gguf_config(path: Path) -> Any:
@@ -205,18 +227,25 @@ def layout(config: Any, form: Form) -> Layout:
     return Layout(form, linears, frozenset(int8_linears(skeleton)), embedding, names[id(head)] if tied else None)
 
 
-def stored_as(lay: Layout, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The tensors a cache of `lay.form` stores for one fp32 tensor (a tied int8 head comes with the embedding)."""
+def stored_as(lay: Layout, name: str, tensor: torch.Tensor,
+              made: dict[str, nn.Module] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a cache of `lay.form` stores for one fp32 tensor (a tied int8 head comes with the embedding).
+
+    The int8 layers it makes go into `made` (module name -> layer), for the check to compare against.
+    """
     module, _, kind = name.rpartition(".")
     out: dict[str, torch.Tensor] = {}
+    made = {} if made is None else made
     if kind == "weight" and lay.form == "fp16w" and module in lay.linears and module != lay.tied_head:
         out[name] = half.fp16_values(tensor)  # the fp16 values fbgemm's packing holds, exactly
     elif kind == "weight" and lay.form == "int8" and module in lay.int8:
-        out.update(int8_parts(module, int8_layer(tensor)))
+        made[module] = int8_layer(tensor)
+        out.update(int8_parts(module, made[module]))
     elif not (module == lay.tied_head and kind == "weight"):
         out[name] = tensor.contiguous()
     if name == lay.embedding and lay.form == "int8" and lay.tied_head in lay.int8:
-        out.update(int8_parts(lay.tied_head, int8_layer(tensor)))  # the head's own int8 copy, as quantize_int8 makes it
+        made[lay.tied_head] = int8_layer(tensor)  # the head's own int8 copy, as quantize_int8 makes it
+        out.update(int8_parts(lay.tied_head, made[lay.tied_head]))
     return out
 
 
@@ -224,9 +253,8 @@ def int8_layer(weight: torch.Tensor) -> nn.Module:
     """The layer an int8 load makes of this weight: quantize_dynamic's per-channel from_float, the same call."""
     from torch.ao.quantization import per_channel_dynamic_qconfig
 
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")  # no random init to overwrite
+    linear.weight = nn.Parameter(weight, requires_grad=False)  # read, never written, by from_float
     linear.qconfig = per_channel_dynamic_qconfig
     with warnings.catch_warnings(), torch.no_grad():  # torch.ao.quantization is deprecated but still the tool for this
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -246,7 +274,10 @@ def int8_parts(module: str, layer: nn.Module) -> dict[str, torch.Tensor]:
 def int8_from_parts(ints: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
     """The dynamic int8 layer of a stored weight: the layer quantize_int8 made, bit for bit."""
     weight = torch._make_per_channel_quantized_tensor(ints, scales, zeros, 0)
-    layer = torch.ao.nn.quantized.dynamic.Linear(ints.shape[1], ints.shape[0], dtype=torch.qint8)
+    # made 1x1, then given its shape: the constructor packs a zero weight of the full shape that set_weight_bias
+    # replaces at once (17 ms for the 0.5B's 4864x896 layers: 145 of them at every load of the draft)
+    layer = torch.ao.nn.quantized.dynamic.Linear(1, 1, dtype=torch.qint8)
+    layer.in_features, layer.out_features = ints.shape[1], ints.shape[0]
     layer.set_weight_bias(weight, bias)
     return layer
 
@@ -268,8 +299,9 @@ def write_shards(tensors: Tensors, lay: Layout, folder: Path, count: int,
     pending: dict[str, torch.Tensor] = {}
     shard, checked, size = 0, 0, 0
     for i, (name, tensor) in enumerate(tensors, start=1):
-        stored = stored_as(lay, name, tensor)
-        checked += _check_layers(lay, name, tensor, stored)
+        made: dict[str, nn.Module] = {}
+        stored = stored_as(lay, name, tensor, made)
+        checked += _check_layers(lay, name, tensor, stored, made)
         del tensor  # only its stored form is held from here on
         pending.update(stored)
         size += sum(t.numel() * t.element_size() for t in stored.values())
@@ -301,17 +333,20 @@ def _name_as_transformers_does(folder: Path, shards: int) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
 
 
-def _check_layers(lay: Layout, name: str, tensor: torch.Tensor, stored: dict[str, torch.Tensor]) -> int:
-    """Check the linears whose stored form differs from the fp32 tensor; returns how many."""
+def _check_layers(lay: Layout, name: str, tensor: torch.Tensor, stored: dict[str, torch.Tensor],
+                  made: dict[str, nn.Module] | None = None) -> int:
+    """Check the linears whose stored form differs from the fp32 tensor; returns how many.
+
+    `made` holds the int8 layers stored_as made of this tensor (the layer its precision makes, made once)."""
     converted = {n[: -len(INT8_PARTS[0])] for n in stored if n.endswith(INT8_PARTS[0])}
     if name in stored and stored[name].dtype == torch.float16:
         converted.add(name[: -len(".weight")])
     for module in converted:
-        _check_layer(module, tensor, stored)
+        _check_layer(module, tensor, stored, (made or {}).get(module))
     return len(converted)
 
 
-def _check_layer(module: str, weight: torch.Tensor, stored: dict[str, torch.Tensor]) -> None:
+def _check_layer(module: str, weight: torch.Tensor, stored: dict[str, torch.Tensor], made: nn.Module | None = None) -> None:
     """The layer rebuilt from its stored form equals the layer its precision makes from the dequantized weight."""
     if f"{module}.weight" in stored:  # fp16w: fbgemm's fp16 values, each a nearest fp16 of the dequantized weight
         same = half.is_nearest_fp16(stored[f"{module}.weight"], weight)
@@ -319,7 +354,7 @@ def _check_layer(module: str, weight: torch.Tensor, stored: dict[str, torch.Tens
         x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
         rebuilt = int8_from_parts(*(stored[module + p] for p in INT8_PARTS), None)
         with torch.no_grad():
-            same = torch.equal(rebuilt(x), int8_layer(weight)(x))
+            same = torch.equal(rebuilt(x), (made or int8_layer(weight))(x))
     if not same:
         raise PairError(f"{module}: the cached layer differs from the one its precision makes; not cached")
 
