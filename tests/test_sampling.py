@@ -5,6 +5,7 @@ import torch
 from scipy.stats import chisquare
 
 from specviz.core.sampling import SamplingConfig, logits_to_probs, verify_draft
+from specviz.core import sampling
 
 
 def _rejecting_verdict(p, q, x):
@@ -194,3 +195,35 @@ def test_bonus_token_is_drawn_from_the_position_after_the_draft():
     q = _dist(0.2, 0.2, 0.6)[None]
     v = verify_draft(p, q, torch.tensor([0]), torch.Generator().manual_seed(0))  # p/q >= 1: accepted
     assert v.n_accepted == 1 and v.next_origin == "bonus" and torch.allclose(v.residual, p[1])
+
+
+def _top_p_by_full_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition, over the whole sorted row: drop a token once the mass ranked above it reaches top_p.
+
+    The masses are the whole row's softmax, as the filter's: a softmax of the sorted row sums its denominator in
+    another order, and on flat rows (thousands of tokens summed) that last bit moved one boundary token at top-p 0.9."""
+    order = torch.sort(logits, dim=-1, descending=True).indices
+    mass = torch.softmax(logits, dim=-1).gather(-1, order)
+    drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, (mass.cumsum(-1) - mass) >= top_p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_top_p_keeps_the_set_a_full_sort_keeps(top_p: float) -> None:
+    """The filter ranks only its leading candidates and widens them until the set is found: it keeps the same tokens as
+    a sort of the whole 151,936-token row, on peaked rows, on flat ones (thousands of tokens needed: the widening runs to
+    the full row), and on rows top-k already cut (-inf logits)."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = 151_936
+    peaked = torch.randn(4, vocab, generator=gen) * 4
+    flat = torch.randn(2, vocab, generator=gen) * 0.05
+    cut = torch.randn(1, vocab, generator=gen)
+    cut[0, 1000:] = float("-inf")
+    for logits in (peaked, flat, cut, torch.cat([peaked[:1], flat[:1]])):
+        ours = sampling._top_p_filter(logits, top_p)
+        ref = _top_p_by_full_sort(logits, top_p)
+        assert torch.equal(ours.isinf(), ref.isinf()), (top_p, int((ours.isinf() != ref.isinf()).sum()))
+        kept = (~ours.isinf()).sum(-1)
+        assert (kept >= 1).all()
+    if top_p >= 0.9:
+        assert (~sampling._top_p_filter(flat, top_p).isinf()).sum(-1).min() > sampling._TOP_P_FIRST * 16  # widened far
