@@ -83,9 +83,11 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
     A token is dropped when the mass of the tokens ranked above it already reaches top_p (the top token
     always stays). Only the leading candidates are ranked (topk), widened until the last one is dropped in
-    every row, so every token after it is too: sorting all 151,936 logits took 57 ms for the 5 rows of one
-    verify pass on a 2-core Xeon, against ~2 ms here. The masses are the softmax of the whole row, so the set
-    is the full sort's up to the last bit of its denominator (summed in another order).
+    every row, so every token after it is too. On the default pair's own logits (the last 5 positions of three
+    presets' prompts, temperature 0.8, top-p 0.95; a 2-core AMX Xeon) the full sort took 61-65 ms a verify pass,
+    this 3.8 ms, or 13.9 ms where one row needed 2,713 tokens, with the same tokens kept. The masses are the
+    softmax of the whole row, so the set is the full sort's up to the last bit of its denominator (summed in
+    another order).
     """
     probs = torch.softmax(logits, dim=-1)
     vocab = logits.shape[-1]
