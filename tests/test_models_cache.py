@@ -208,3 +208,24 @@ def test_smollm2_streamed_from_its_gguf_equals_transformers_own_gguf_load(smol_f
     with torch.inference_mode():
         assert torch.equal(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
     assert len(stream.shard_files(folder)) > 1  # written in shards: the build holds about one at a time
+
+
+@pytest.mark.real
+def test_the_builds_reader_parses_the_same_fields_and_tensors_as_ggufs_own() -> None:
+    """The build's GGUF reader slices a plain view of the file's map instead of the np.memmap (numpy's Python-level
+    memmap slicing made a Qwen tokenizer's parse 12.6 s instead of 4.1): every field part and tensor is the same."""
+    import gguf
+    import numpy as np
+
+    with locate._verified_gguf(catalogue.SMOLLM2_135M, lambda f, m: None) as path:
+        theirs = gguf.GGUFReader(str(path))
+        ours = stream._plain_map_reader(gguf.GGUFReader)(str(path))
+        assert isinstance(ours, gguf.GGUFReader) and type(ours.data) is np.ndarray
+        assert list(ours.fields) == list(theirs.fields) and len(ours.fields) > 20
+        for name, field in theirs.fields.items():
+            mine = ours.fields[name]
+            assert (mine.data, mine.types) == (field.data, field.types), name
+            assert len(mine.parts) == len(field.parts) and all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts)), name
+        assert [(t.name, t.tensor_type, list(t.shape)) for t in ours.tensors] == [
+            (t.name, t.tensor_type, list(t.shape)) for t in theirs.tensors]
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, theirs.tensors))
