@@ -73,13 +73,14 @@ def qwen_runs(qwen_pair):
     from specviz.core.engine import autoregressive_program, speculative_program
     from specviz.serve.batch import run_together
 
-    assert qwen_pair.head is not None, qwen_pair.head_problem  # the pair ships a checked head
     keys, programs = [], []
     for name, text in PROMPTS.items():
         ids = qwen_pair.tokenizer(text)["input_ids"]
         keys.append((name, "alone"))
         programs.append(autoregressive_program(qwen_pair.target, qwen_pair.tokenizer, ids, _config(1)))
     for name, gamma, kind in QWEN_RUNS:
+        if kind != "model" and qwen_pair.head is None:
+            continue  # the head's own tests say why it is missing; the draft model's runs are checked all the same
         ids = qwen_pair.tokenizer(PROMPTS[name])["input_ids"]
         made = (ModelDrafter(qwen_pair.draft) if kind == "model"
                 else drafters.build(kind, target=qwen_pair.target, head=qwen_pair.head))
@@ -194,7 +195,8 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["eagle", "eagle-tree"])
 @pytest.mark.parametrize("prompt_name", PROMPTS)
-def test_qwen_coder_head_greedy_identity(qwen_runs, prompt_name, kind):
+def test_qwen_coder_head_greedy_identity(qwen_pair, qwen_runs, prompt_name, kind):
+    assert qwen_pair.head is not None, qwen_pair.head_problem  # the pair ships a checked head
     _check_run(qwen_runs, prompt_name, 4, kind)
 
 
