@@ -376,7 +376,7 @@ def _check_layer(module: str, weight: torch.Tensor, stored: dict[str, torch.Tens
         x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
         rebuilt = int8_from_parts(*(stored[module + p] for p in INT8_PARTS), None)
         with torch.no_grad():
-            same = torch.equal(rebuilt(x), (made or int8_layer(weight))(x))
+            same = torch.equal(rebuilt(x), (made if made is not None else int8_layer(weight))(x))
     if not same:
         raise PairError(f"{module}: the cached layer differs from the one its precision makes; not cached")
 
