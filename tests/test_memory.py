@@ -256,6 +256,40 @@ def test_the_datastore_is_bounded_checked_and_refused_when_damaged_or_foreign(so
         datastore.load("missing", tok, 256)
 
 
+def test_two_processes_wanting_a_missing_datastore_build_it_once(sources, monkeypatch):
+    """The build is locked (two test workers, or the app beside a CLI run): the second waits and loads the first's.
+
+    The first's build goes on only once the second has found no datastore, so without the lock both would build."""
+    import threading
+
+    tok, builds, second_looked = _Tok(), [], threading.Event()
+    real_build, real_load = datastore.build, datastore.load
+
+    def build(*args, **kwargs):
+        builds.append(threading.current_thread().name)
+        assert second_looked.wait(30)
+        return real_build(*args, **{**kwargs, "max_tokens": 40, "root": sources})
+
+    def load(*args, **kwargs):
+        if threading.current_thread().name == "second":
+            second_looked.set()
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(datastore, "build", build)
+    monkeypatch.setattr(datastore, "load", load)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(datastore.ensure("toy", tok, 256)), name=name)
+               for name in ("first", "second")]
+    threads[0].start()
+    while not builds:  # the first holds the lock and builds before the second asks
+        threading.Event().wait(0.01)
+    threads[1].start()
+    for thread in threads:
+        thread.join(60)
+    assert builds == ["first"] and [index.tokens for index in got] == [40, 40]
+    assert sorted(p.name for p in datastore.folder("toy").iterdir()) == ["manifest.json", "tokens.npz"]  # no temp left
+
+
 def test_source_files_leave_tests_out_and_keep_a_fixed_order(sources):
     names = [p.relative_to(sources).as_posix() for p in datastore.source_files(sources)]
     assert names == ["a.py", "pkg/b.py"]

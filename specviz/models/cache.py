@@ -8,7 +8,6 @@ tensor and one shard; when it exits, all of it goes back.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +17,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,13 +27,7 @@ from specviz.models.base import LoadProgress, PairError, _first_line, _no_progre
 from specviz.models.cached import _load_cached_tokenizer
 from specviz.models.catalogue import GgufPart, GgufSource
 from specviz.models.stream import Form
-from specviz.models.locate import _verified_gguf, cache_dir
-
-try:  # advisory file locks keep two processes (app + tests) from building one cache at once
-    import fcntl
-except ImportError:  # pragma: no cover - not on Linux/macOS: build without a lock
-    fcntl = None  # type: ignore[assignment]
-
+from specviz.models.locate import _verified_gguf, cache_dir, file_lock
 
 _CACHE_FORMAT = 2  # bump when the cache layout changes so old folders are rebuilt
 _LEGACY_FORMAT = 1  # fp32 folders of specviz before the compact forms: still read for fp32, replaced on a default load
@@ -58,7 +51,7 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
         report(1.0, f"{src.title}: found in the cache")
         return final
     cache_dir().mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir() / f".{final.name}.lock"):
+    with file_lock(cache_dir() / f".{final.name}.lock"):
         if _cache_is_valid(final, src, form):  # another process finished it while we waited
             report(1.0, f"{src.title}: found in the cache")
             return final
@@ -183,20 +176,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return -1
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock held while one process builds a cache folder."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _remove_leftovers(name: str) -> None:

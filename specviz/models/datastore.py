@@ -9,18 +9,21 @@ its sha256, the tokenizer it was made with, and its ids against the vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import sysconfig
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from specviz.core.memory import Memory, RunMemory, SuffixIndex
 from specviz.models.base import LoadProgress
-from specviz.models.locate import cache_dir
+from specviz.models.locate import cache_dir, file_lock
 
 FORMAT = 1
 MAX_TOKENS = 1_000_000  # the bound: 4 MB of int32 ids, a suffix array of 8 MB, built in well under a second
@@ -84,17 +87,31 @@ def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX
     offsets = np.cumsum([0] + [c.size for c in chunks]).astype(np.int64)
     out = folder(pair_name)
     out.mkdir(parents=True, exist_ok=True)
-    part = out / "tokens.npz.part"
-    with part.open("wb") as f:
-        np.savez(f, tokens=tokens, offsets=offsets)
-    digest = _sha256(part)
-    part.replace(out / "tokens.npz")
+    with _part(out, "tokens.npz") as part:
+        with part.open("wb") as f:
+            np.savez(f, tokens=tokens, offsets=offsets)
+        digest = _sha256(part)
     manifest = {"format": FORMAT, "pair": pair_name, "source": "the Python standard library's .py files",
                 "files": len(chunks), "tokens": int(tokens.size), "max_tokens": max_tokens, "sha256": digest,
                 "tokenizer": tokenizer_id(tokenizer), "vocab_size": vocab_size,
                 "python": sysconfig.get_python_version()}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    with _part(out, "manifest.json") as part:
+        part.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return out
+
+
+@contextlib.contextmanager
+def _part(out: Path, name: str) -> Iterator[Path]:
+    """A temp file of this process beside `out / name`, moved onto it when the block ends (removed if it fails):
+    a reader never sees a half-written file, and two writers never write into one."""
+    fd, raw = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=out)
+    os.close(fd)
+    part = Path(raw)
+    try:
+        yield part
+        part.replace(out / name)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def manifest(pair_name: str) -> dict[str, Any] | None:
@@ -129,8 +146,13 @@ def ensure(pair_name: str, tokenizer: Any, vocab_size: int,
     try:
         return load(pair_name, tokenizer, vocab_size)
     except DatastoreError:
-        build(pair_name, tokenizer, vocab_size, progress=progress)
-        return load(pair_name, tokenizer, vocab_size)
+        pass
+    with file_lock(folder(pair_name).parent / f".{folder(pair_name).name}.lock"):  # one builder; the others wait
+        try:
+            return load(pair_name, tokenizer, vocab_size)  # another process built it while this one waited
+        except DatastoreError:
+            build(pair_name, tokenizer, vocab_size, progress=progress)
+    return load(pair_name, tokenizer, vocab_size)
 
 
 def _sha256(path: Path) -> str:

