@@ -1,12 +1,60 @@
-"""Shared pytest set-up: markers and small fixtures."""
+"""Shared pytest set-up: markers, small fixtures, and how tests run two at a time (tests/run.sh starts two workers)."""
 
 import pytest
+
+DEFAULT_PAIR_GROUP = "default-pair"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real: uses real packaged model weights (slower)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds even when cached")
     config.addinivalue_line("markers", "browser: drives Debian's chromium through Playwright")
+    config.addinivalue_line("markers", "default_pair: loads the default pair's weights outside the `qwen_pair` fixture "
+                                       "(in this process or a child); runs on the worker that holds that pair")
+
+
+def _holds_default_pair(item: pytest.Item) -> bool:
+    return "qwen_pair" in getattr(item, "fixturenames", ()) or item.get_closest_marker("default_pair") is not None
+
+
+def _is_long(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) for name in ("slow", "browser"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With two workers (`--dist loadgroup`): every test that holds the default pair runs on one worker, one at a time.
+
+    Each worker is its own process: two holding the 4.4 GB pair, or one loading its 10.7 GB bf16 form while the other
+    holds it, would leave a 24 GB machine too little memory (the pair's own fit check refuses to load then). Every
+    other test goes with its module, so a module's fixtures (a Streamlit server, SmolLM2) start once. The default
+    pair's group is handed out first and modules with long tests next, so that no long group starts last."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    long_modules = {item.module.__name__ for item in items if _is_long(item) and hasattr(item, "module")}
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
+        group = DEFAULT_PAIR_GROUP if _holds_default_pair(item) else module
+        _join_group(item, group)
+        item.stash[_ORDER] = 0 if group == DEFAULT_PAIR_GROUP else (1 if module in long_modules else 2)
+    items.sort(key=lambda item: item.stash[_ORDER])  # stable: each group keeps its tests' order
+
+
+_ORDER = pytest.StashKey[int]()
+
+
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put the test in an xdist group: the group's name after an "@" in its id, which is what the scheduler reads.
+
+    pytest-xdist 3.8 does this for an `xdist_group` mark by writing `item._nodeid`, which pytest 9 no longer reads (a
+    nodeid is a parsed `NodeId` there), so the mark alone groups nothing: both workers loaded the default pair."""
+    node_id = getattr(item, "_id", None)
+    if node_id is None or not hasattr(node_id, "parse"):  # an older pytest: xdist's own mark works there
+        item.add_marker(pytest.mark.xdist_group(group))
+        return
+    grouped = type(node_id).parse(f"{item.nodeid}@{group}")
+    assert str(grouped) == f"{item.nodeid}@{group}", grouped
+    item._id = grouped
 
 
 @pytest.fixture(scope="session")

@@ -134,6 +134,7 @@ def _generate_peak(cache: Path) -> tuple[dict, float]:
 
 @pytest.mark.real
 @pytest.mark.slow
+@pytest.mark.default_pair
 def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_after(tmp_path: Path) -> None:
     """The laptop promise, from a cache of its own (whatever this machine's cache holds, and whichever test ran first).
 

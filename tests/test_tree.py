@@ -542,11 +542,9 @@ def test_smollm2_sampled_tree_two_token_law(smollm):
 @pytest.mark.real
 @pytest.mark.slow
 @LONG
-def test_qwen_coder_greedy_tree_identity():
-    """Run under `flock /tmp/specviz-qwen.lock` (the pair takes ~10 GB)."""
-    from specviz.models import load_pair
-
-    pair = load_pair("qwen-coder")
+def test_qwen_coder_greedy_tree_identity(qwen_pair):
+    """The default pair's token trees give the target's own greedy text (the session's shared load of the pair)."""
+    pair = qwen_pair
     ids = pair.tokenizer(REAL_PROMPTS["code"])["input_ids"]
     g = _greedy(32)
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, ids, g))
