@@ -3,6 +3,7 @@
 import pytest
 
 DEFAULT_PAIR_GROUP = "default-pair"
+_ORDER = pytest.StashKey[int]()  # where a test's group is handed out: the default pair's first, then long modules
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,9 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _join_group(item, group)
         item.stash[_ORDER] = 0 if group == DEFAULT_PAIR_GROUP else (1 if module in long_modules else 2)
     items.sort(key=lambda item: item.stash[_ORDER])  # stable: each group keeps its tests' order
-
-
-_ORDER = pytest.StashKey[int]()
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

@@ -40,7 +40,7 @@ done
 
 # 4. the whole suite runs on two workers (pytest-xdist) where there are two CPUs: much of it waits on a browser,
 #    a server or a child process, and one worker left a 2-core machine 30 % idle. Each worker's torch gets half the
-#    CPUs (two pools of two threads on two cores spin against each other). tests/conftest.py keeps every test that
+#    CPUs, so that the two workers' thread pools together match the machine. tests/conftest.py keeps every test that
 #    holds the default pair on one worker. SPECVIZ_TEST_WORKERS=1 runs it in one process; a file named runs alone.
 cpus="$(nproc 2>/dev/null || echo 1)"
 workers="${SPECVIZ_TEST_WORKERS:-$([ "${#targets[@]}" -gt 0 ] && [ "$cpus" -ge 2 ] && echo 2 || echo 1)}"
