@@ -88,7 +88,7 @@ def test_smollm2_bf16_target_breaks_identity_only_at_near_ties(smollm_bf16, prom
 @pytest.mark.slow
 @pytest.mark.default_pair
 def test_qwen_coder_bf16_story_divergence_is_a_near_tie():
-    """The story preset diverged in bf16 before: the check says where, and that it was a near-tie (run under the qwen flock)."""
+    """The story preset diverged in bf16 before: the check says where, and that it was a near-tie (on the worker that holds the default pair)."""
     pair = load_pair("qwen-coder", target_precision="bf16")
     ids = pair.tokenizer(PROMPTS["story"])["input_ids"]
     config = GenerationConfig(max_new_tokens=24, gamma=4, sampling=SamplingConfig("greedy"), stop_at_eos=False)

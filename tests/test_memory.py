@@ -281,7 +281,9 @@ def test_two_processes_wanting_a_missing_datastore_build_it_once(sources, monkey
     threads = [threading.Thread(target=lambda: got.append(datastore.ensure("toy", tok, 256)), name=name)
                for name in ("first", "second")]
     threads[0].start()
-    while not builds:  # the first holds the lock and builds before the second asks
+    for _ in range(6000):  # the first holds the lock and builds before the second asks (at most a minute)
+        if builds:
+            break
         threading.Event().wait(0.01)
     threads[1].start()
     for thread in threads:
