@@ -3,7 +3,6 @@
 import pytest
 
 DEFAULT_PAIR_GROUP = "default-pair"
-_ORDER = pytest.StashKey[int]()  # where a test's group is handed out: the default pair's first, then long modules
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,6 +21,10 @@ def _is_long(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in ("slow", "browser"))
 
 
+def _module_of(item: pytest.Item) -> str:
+    return getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With two workers (`--dist loadgroup`): every test that holds the default pair runs on one worker, one at a time.
@@ -32,13 +35,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pair's group is handed out first and modules with long tests next, so that no long group starts last."""
     if not config.getoption("loadgroup", default=False):
         return
-    long_modules = {item.module.__name__ for item in items if _is_long(item) and hasattr(item, "module")}
+    long_modules = {_module_of(item) for item in items if _is_long(item)}
+
+    def handed_out(item: pytest.Item) -> int:  # the default pair's group first, then modules with long tests
+        return 0 if _holds_default_pair(item) else (1 if _module_of(item) in long_modules else 2)
+
+    items.sort(key=handed_out)  # stable: each group keeps its tests' order
     for item in items:
-        module = getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
-        group = DEFAULT_PAIR_GROUP if _holds_default_pair(item) else module
-        _join_group(item, group)
-        item.stash[_ORDER] = 0 if group == DEFAULT_PAIR_GROUP else (1 if module in long_modules else 2)
-    items.sort(key=lambda item: item.stash[_ORDER])  # stable: each group keeps its tests' order
+        _join_group(item, DEFAULT_PAIR_GROUP if _holds_default_pair(item) else _module_of(item))
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

@@ -147,7 +147,8 @@ def ensure(pair_name: str, tokenizer: Any, vocab_size: int,
         return load(pair_name, tokenizer, vocab_size)
     except DatastoreError:
         pass
-    with file_lock(folder(pair_name).parent / f".{folder(pair_name).name}.lock"):  # one builder; the others wait
+    place = folder(pair_name)
+    with file_lock(place.parent / f".{place.name}.lock"):  # one builder; the others wait
         try:
             return load(pair_name, tokenizer, vocab_size)  # another process built it while this one waited
         except DatastoreError:
