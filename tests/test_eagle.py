@@ -15,7 +15,7 @@ from specviz.core.trace import GenerationConfig
 from specviz.serve.batch import run_together
 from specviz.core.head import EagleHead
 from specviz.models.tiny import _build_tiny_random
-from specviz.train.head import TrainConfig, collect, expected_acceptance, train
+from specviz.train.head import TrainConfig, acceptance_by_depth, collect, expected_acceptance, train, unrolled_guesses
 from tests.test_engine import TOK, tiny_lm
 from tests.test_tree import chi_square_pvalue, joint_two
 
@@ -129,3 +129,36 @@ def test_a_head_for_another_vocabulary_is_refused(tiny):
     head = _head(target, DraftVocab(torch.tensor([1, 2, 3]), 300))
     with pytest.raises(ValueError, match="vocabulary of 300, the target has 257"):
         drain(speculative_generate(target, EagleDrafter(head), tok, tok("hi")["input_ids"], GenerationConfig(max_new_tokens=4)))
+
+
+def test_the_training_time_test_sees_what_a_drafting_chain_sees(tiny):
+    """Pass j of the unrolled training equals the chain's j-th draft step at every pair: the real pairs up to where the
+    chain began in the head's cache, then each guessed feature fed forward with the text's next token."""
+    _, target, sequences, vocab = tiny
+    data = collect(target, sequences[:1], vocab)
+    head = _head(target, vocab, seed=2)
+    ids, f = data.ids[0], data.feats[0]
+    depth, n = 3, 20
+    with torch.inference_mode():
+        passes = unrolled_guesses(head, data, 0, 0, n + 2, depth)
+        for start in range(n - depth + 1):  # the chain begins at pair `start` (its first guess reads a real feature)
+            cache = head.new_cache()
+            guessed = head(f[: start + 1].float(), ids[1: start + 2], torch.arange(start + 1), cache)[-1:]
+            for j in range(depth):
+                assert torch.allclose(passes[j][start + j], guessed[0], atol=1e-5), (start, j)
+                t = start + j + 1
+                guessed = head(guessed, ids[t + 1: t + 2], torch.tensor([t]), cache)
+
+
+def test_the_training_time_test_trains_and_its_later_guesses_improve(tiny):
+    """Unrolled to depth 3, training lowers the loss and lifts the chain's third guess on text never trained on."""
+    _, target, sequences, vocab = tiny
+    held_out = collect(target, sequences[::8], vocab)
+    data = collect(target, [s for i, s in enumerate(sequences) if i % 8][:48], vocab)
+    head = _head(target, vocab)
+    before = acceptance_by_depth(head, held_out, 3, skip=6)
+    losses = train(head, data, TrainConfig(steps=120, seed=0, unroll=3))
+    after = acceptance_by_depth(head, held_out, 3, skip=6)
+    print("by depth", before, "->", after)  # -rP
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert after[2][0] > before[2][0] + 0.03

@@ -6,6 +6,12 @@ and its p. A step takes a window of one sequence: every pair (feature at i, toke
 the loss is the cross-entropy of the head's guess of token i+2 against the target's p there (over
 the draft vocabulary: the mass outside it cannot be guessed) plus EAGLE's regression of the guessed
 feature on the real one. Seeded: one generator picks the windows (the head's init is seeded where it is built).
+
+Training-time test (EAGLE-3's remedy, `unroll` > 1): a chain's second guess reads the head's own guessed
+feature, not the target's, and a head trained on real features only has never seen one. So a step runs the
+head `unroll` times over each window: pass j reads, at every pair, what pass j-1 guessed one pair earlier, and
+attends exactly as a chain's j-th draft step would (the real pairs up to where the chain began, then the
+guessed pairs on its own way down). Each pass is scored against the same targets; later passes weigh 0.8^j.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class TrainConfig:
     seed: int = 0  # the order of windows (the head's init is seeded by whoever builds it)
     warmup: int = 0  # steps of linear warm-up before the cosine decay (a big first step can throw a fresh head off)
     bf16: bool = False  # autocast the head's arithmetic to bfloat16 (fast where the CPU has bf16 units)
+    unroll: int = 1  # passes per window: 1 teacher-forces real features; k > 1 is the training-time test to depth k
 
 
 @torch.inference_mode()
@@ -76,28 +83,78 @@ def _window(data: Sequences, gen: torch.Generator, width: int) -> tuple[int, int
     return s, a, min(length, a + width + 2)
 
 
-def _window_guess(head: EagleHead, data: Sequences, s: int, a: int, b: int) -> tuple[torch.Tensor, ...]:
-    """The head's guesses over pairs i = a..b-3 of sequence s, with what they are compared to: (f̂, f real, p)."""
+def _targets(head: EagleHead, data: Sequences, s: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the guesses over pairs i = a..b-3 of sequence s are compared to: the real next feature and p there."""
+    i = torch.arange(a + 1, b - 1)
+    real = data.feats[s][i].float()
+    if data.probs is not None:
+        return real, data.probs[s][i]
+    with torch.no_grad():  # the target's own law over the N ids, from its feature and its head rows
+        return real, torch.softmax(head.logits(real).float(), dim=-1)
+
+
+def chain_sees(n: int, depth: int) -> torch.Tensor:
+    """What pass `depth` (0: real features) of an n-pair window attends to among the depth+1 passes' entries.
+
+    A chain's draft step `depth` at pair t began at pair t - depth: it sees the real pairs up to there (pass 0)
+    and the pair pass m guessed at t - depth + m on its way down. A row with no chain behind it (t < depth) sees
+    itself only, so that its softmax is defined; it is never scored and no scored row attends to it.
+    """
+    sees = torch.zeros(n, (depth + 1) * n, dtype=torch.bool)
+    t = torch.arange(n)
+    for m in range(depth + 1):
+        u = t - depth + m  # the pair pass m guessed on this row's chain
+        ok = u >= 0
+        sees[t[ok], m * n + u[ok]] = True
+    for t0 in range(n):  # pass 0: every real pair before the chain's start too
+        if t0 - depth >= 0:
+            sees[t0, : t0 - depth + 1] = True
+    sees[t[:depth], depth * n + t[:depth]] = True
+    return sees
+
+
+def unrolled_guesses(head: EagleHead, data: Sequences, s: int, a: int, b: int, unroll: int) -> list[torch.Tensor]:
+    """The head's guesses f̂ over pairs i = a..b-3 of sequence s, one (n, d) per pass; pass j's first j rows are
+    not a chain's (nothing guessed before them) and are left out of any score."""
     ids, f = data.ids[s], data.feats[s]
     i = torch.arange(a, b - 2)
-    guessed = head(f[i].float(), ids[i + 1], i)  # (n, d)
-    real = f[i + 1].float()
-    if data.probs is not None:
-        p = data.probs[s][i + 1]
-    else:
-        with torch.no_grad():  # the target's own law over the N ids, from its feature and its head rows
-            p = torch.softmax(head.logits(real).float(), dim=-1)
-    return guessed, real, p
+    tokens = ids[i + 1]
+    feats = f[i].float()
+    if unroll == 1:
+        return [head(feats, tokens, i)]
+    cache = head.new_cache()
+    out = []
+    for depth in range(unroll):
+        guessed = head(feats, tokens, i, cache, sees=chain_sees(len(i), depth) if depth else None)
+        out.append(guessed)
+        feats = torch.cat([guessed[:1], guessed[:-1]])  # pair t reads what was guessed at t - 1 (row 0: unscored)
+    return out
 
 
-def step_loss(head: EagleHead, data: Sequences, windows: Sequence[tuple[int, int, int]], feature_weight: float) -> torch.Tensor:
-    """The loss over the windows' pairs: guessing the next token (cross-entropy against the target's p) and its feature."""
-    parts = [_window_guess(head, data, *w) for w in windows]
-    guessed, real, p = (torch.cat(x) for x in zip(*parts))
-    log_q = torch.log_softmax(head.logits(guessed).float(), dim=-1)  # (n, N)
-    ce = -(p * log_q).sum(-1).mean()
-    regression = nn.functional.smooth_l1_loss(guessed.float(), real)
-    return ce + feature_weight * regression
+def pass_weights(unroll: int) -> list[float]:
+    """The weight of each pass's loss (EAGLE-3's 0.8^j), normalised to sum to 1."""
+    w = [0.8 ** j for j in range(unroll)]
+    return [x / sum(w) for x in w]
+
+
+def step_loss(head: EagleHead, data: Sequences, windows: Sequence[tuple[int, int, int]], feature_weight: float,
+              unroll: int = 1) -> torch.Tensor:
+    """The loss over the windows' pairs: guessing the next token (cross-entropy against the target's p) and its
+    feature, for each pass of the training-time test (one pass: teacher forcing)."""
+    targets = [_targets(head, data, *w) for w in windows]
+    guesses = [unrolled_guesses(head, data, *w, unroll) for w in windows]
+    loss = torch.zeros(())
+    for depth, weight in enumerate(pass_weights(unroll)):
+        guessed = torch.cat([g[depth][depth:] for g in guesses])
+        real = torch.cat([t[0][depth:] for t in targets])
+        p = torch.cat([t[1][depth:] for t in targets])
+        if len(guessed) == 0:
+            continue
+        log_q = torch.log_softmax(head.logits(guessed).float(), dim=-1)  # (n, N)
+        ce = -(p * log_q).sum(-1).mean()
+        regression = nn.functional.smooth_l1_loss(guessed.float(), real)
+        loss = loss + weight * (ce + feature_weight * regression)
+    return loss
 
 
 def _lr_scale(step: int, cfg: TrainConfig) -> float:
@@ -148,7 +205,7 @@ def train(head: EagleHead, data: Sequences, cfg: TrainConfig,
     for step in range(first, cfg.steps):
         windows = [_window(data, gen, cfg.window) for _ in range(cfg.batch)]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = step_loss(head, data, windows, cfg.feature_weight)
+            loss = step_loss(head, data, windows, cfg.feature_weight, cfg.unroll)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -164,25 +221,35 @@ def train(head: EagleHead, data: Sequences, cfg: TrainConfig,
 
 
 @torch.inference_mode()
-def expected_acceptance(head: EagleHead, data: Sequences, skip: int = 0,
-                        p_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
-    """The head's first guess over the pairs of `data` from position `skip` on: (sampled acceptance, greedy agreement).
+def acceptance_by_depth(head: EagleHead, data: Sequences, depth: int = 1, skip: int = 0,
+                        p_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[tuple[float, float]]:
+    """A chain's guesses 1..depth over the pairs of `data` from position `skip` on: per depth (sampled acceptance,
+    greedy agreement), the chain's earlier tokens being the text's (guess j reads the head's own guessed feature).
 
     Sampled: the mean over positions of sum min(p, q), q the head's softmax over its N ids (0 elsewhere) and p the
     target's law there over the whole vocabulary (`data.probs`, or `p_of(features)`: p at the N ids, normalised over
     all V). Greedy: how often the head's top id is the target's top id among the N ids.
     """
-    total, agree, n = 0.0, 0, 0
+    total, agree, n = [0.0] * depth, [0] * depth, [0] * depth
     for s in range(len(data.ids)):
-        ids, f = data.ids[s], data.feats[s]
         length = _length(data, s)  # pairs 0..length-3: the last one's target is the last feature row
-        i = torch.arange(skip, length - 2)
-        if len(i) == 0:
+        if length < 3:
             continue
-        pos = torch.arange(length - 2)
-        q = torch.softmax(head.logits(head(f[:length - 2].float(), ids[1:length - 1], pos)).float(), -1)[i]
-        p = data.probs[s][i + 1] if data.probs is not None else p_of(f[i + 1].float())
-        total += float(torch.minimum(p, q).sum())
-        agree += int((q.argmax(-1) == p.argmax(-1)).sum())
-        n += len(i)
-    return total / max(n, 1), agree / max(n, 1)
+        guesses = unrolled_guesses(head, data, s, 0, length, depth)
+        real, p = _targets(head, data, s, 0, length)
+        for j, guessed in enumerate(guesses):
+            rows = torch.arange(max(skip, j), length - 2)
+            if len(rows) == 0:
+                continue
+            q = torch.softmax(head.logits(guessed[rows]).float(), -1)
+            pj = p[rows] if data.probs is not None else p_of(real[rows])
+            total[j] += float(torch.minimum(pj, q).sum())
+            agree[j] += int((q.argmax(-1) == pj.argmax(-1)).sum())
+            n[j] += len(rows)
+    return [(t / max(k, 1), g / max(k, 1)) for t, g, k in zip(total, agree, n)]
+
+
+def expected_acceptance(head: EagleHead, data: Sequences, skip: int = 0,
+                        p_of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
+    """The head's first guess (it reads the target's real feature): (sampled acceptance, greedy agreement)."""
+    return acceptance_by_depth(head, data, 1, skip, p_of)[0]
