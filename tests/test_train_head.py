@@ -15,7 +15,9 @@ from specviz.core.head import EagleHead
 from specviz.core.progress import drain
 from specviz.core.trace import GenerationConfig
 from specviz.models import heads
+from specviz.train.data import RecordConfig, read_pieces, text_pieces
 from specviz.train.head import Sequences, TrainConfig, TrainState, train
+from specviz.train.run import HeadRecipe, start_head
 from specviz.train.store import load_tree, save_tree
 
 TINY_ARGS = ["train-head", "--pair", "tiny-random", "--prompts", "80", "--new-tokens", "24", "--steps", "40",
@@ -146,3 +148,59 @@ def test_beside_an_fp16w_target_the_head_holds_fp16_matrices_and_drafts_the_same
     for run in runs:
         assert run.tokens == plain.tokens
     assert [r.draft_ids for r in runs[0].rounds] == [r.draft_ids for r in runs[1].rounds]
+
+
+def test_a_run_goes_on_from_a_checked_head_with_the_training_time_test(trained, tmp_path, monkeypatch, capsys):
+    """--start-from puts a shipped head's tensors in, checked by its sha256; the manifest names it and scores each
+    guess of a chain before and after (the start head's scores are the `before`)."""
+    folder, _ = trained
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    args = TINY_ARGS + ["--unroll", "3", "--start-from", str(folder), "--out", str(tmp_path / "heads")]
+    assert main(args) == 0
+    start, man = heads.manifest("tiny-random", folder), heads.manifest("tiny-random", tmp_path / "heads")
+    assert man["recipe"]["start_sha256"] == start["sha256"] and man["recipe"]["train"]["unroll"] == 3
+    assert man["started_from"]["recipe"] == start["recipe"]
+    by_guess = man["held_out"]["by_guess"]["sampled_acceptance"]
+    assert len(by_guess) == 3
+    # the start head's first guess, scored on the same held-out chunk by both runs
+    assert by_guess[0][0] == pytest.approx(start["held_out"]["sampled_acceptance"][1], abs=1e-4)
+
+    assert main(TINY_ARGS + ["--start-from", str(tmp_path)]) == 2  # no head there
+    assert "--start-from" in capsys.readouterr().err
+
+
+def test_a_start_head_that_is_not_the_recipes_is_refused(trained):
+    folder, pair = trained
+    man = heads.manifest("tiny-random", folder)
+    recipe = HeadRecipe(pair="tiny-random", record=RecordConfig(), train=TrainConfig(), start_sha256="0" * 64)
+    head = heads.load("tiny-random", pair.target, folder)
+    with pytest.raises(RuntimeError, match="the recipe names 000000000000"):
+        start_head(head, pair.target, recipe, folder)
+    with pytest.raises(RuntimeError, match="--start-from"):
+        start_head(head, pair.target, recipe, None)
+    ok = dataclasses.replace(recipe, start_sha256=man["sha256"])
+    assert start_head(head, pair.target, ok, folder)["sha256"] == man["sha256"]
+
+
+def test_pieces_of_code_are_read_as_the_head_hears_the_target():
+    """A prefill pass of whole datastore pieces gives each piece's features as a run hands them to a drafter (the
+    last layer after the final norm), in the recorded sequences' shape: T ids, T-1 feature rows."""
+    pair = models.load_pair("tiny-random")
+    docs = [list(range(30, 30 + n)) for n in (10, 40, 70)]
+    pieces = text_pieces(docs, 60, seed=1, piece=16)
+    assert len(pieces) == 4 and all(len(p) == 16 for p in pieces)  # 2 + 4 whole pieces, shuffled, 4 kept
+    assert text_pieces(docs, 60, seed=1, piece=16) == pieces
+    rows = read_pieces(pair.target, pieces)
+    for piece, row in zip(pieces, rows):
+        with torch.inference_mode():
+            full = pair.target(input_ids=torch.tensor([piece]), output_hidden_states=True).hidden_states[-1][0]
+        assert row["ids"].tolist() == piece and row["feats"].shape == (15, full.shape[-1])
+        assert torch.allclose(row["feats"].float(), full[:-1].half().float(), atol=1e-3)
+
+
+def test_a_recipe_with_code_to_read_trains_on_it_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    assert main(TINY_ARGS + ["--text-tokens", "3000", "--out", str(tmp_path / "heads")]) == 0
+    man = heads.manifest("tiny-random", tmp_path / "heads")
+    assert man["recipe"]["text_tokens"] == 3000 and man["counts"]["text_tokens"] == 6 * 512
+    assert len(list((tmp_path / "cache").rglob("text-*.safetensors"))) == 1

@@ -163,3 +163,22 @@ def test_trace_csv_and_json(rounds):
     assert doc["summary"]["speedup"] == pytest.approx(1.0)
     assert len(doc["speculative"]["rounds"]) == 3 and doc["baseline"]["kind"] == "speculative"
     assert doc["speculative"]["rounds"][0]["p_top"]["texts"][2] == XSS
+
+
+def test_the_head_recipe_line_says_each_stage_and_each_guess_from_the_manifest():
+    first = {"recipe": {"train": {"steps": 1100}}, "sha256": "ab" * 32}
+    man = {"recipe": {"record": {"prompts": 400}, "vocab": 32768, "train": {"steps": 600, "batch": 8, "window": 128,
+                                                                              "seed": 0, "unroll": 3}},
+           "counts": {"recorded_tokens": 82437, "text_tokens": 262144}, "started_from": first, "seconds": 3600,
+           "bytes": 39_000_000, "sha256": "cd" * 32, "trained_on": {"machine": "2 CPU cores"},
+           "held_out": {"sampled_acceptance": [0.49, 0.55], "greedy_agreement": [0.52, 0.6],
+                        "by_guess": {"greedy_agreement": [[0.52, 0.6], [0.3, 0.5], [0.1, 0.45]]}}}
+    line = watch_view.head_recipe_line(man)
+    assert "82,437 tokens of the target's own continuations of 400 prompts and 262,144 tokens of code" in line
+    assert "1100 steps on the target's real notes (head abababababab…), then 600 steps of 8×128 positions" in line
+    assert "guessing 3 tokens ahead" in line and "60% / 50% / 45%" in line and "sampled acceptance was 0.55" in line
+    old = {k: v for k, v in man.items() if k != "started_from"}
+    old["held_out"] = {"sampled_acceptance": [0.0, 0.49], "greedy_agreement": [0.0, 0.53]}
+    old["recipe"] = {**man["recipe"], "train": {"steps": 1100, "batch": 8, "window": 128, "seed": 0}}
+    line = watch_view.head_recipe_line(old)
+    assert "then" not in line and "ahead" not in line and "53% of the time" in line

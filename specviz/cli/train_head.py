@@ -31,6 +31,12 @@ def add_train_head(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mlp", type=int, default=2048, help="the head's MLP width (default 2048)")
     p.add_argument("--record-precision", default="bf16", choices=("bf16", "fp32", "fp16w"),
                    help="the target's precision while recording (default bf16: fast on CPUs with bf16 units)")
+    p.add_argument("--text-tokens", type=int, default=0,
+                   help="also read this many tokens of the datastore's code through the target (default 0)")
+    p.add_argument("--unroll", type=int, default=1,
+                   help="training-time test: unroll the head this many guesses on its own features (default 1: teacher forcing)")
+    p.add_argument("--start-from", type=Path, default=None,
+                   help="go on from the head in this folder (<pair>.safetensors and .json) instead of a fresh init")
     p.add_argument("--bf16", action="store_true", help="train in bfloat16 autocast (fast on CPUs with AMX)")
     p.add_argument("--seed", type=int, default=0, help="seeds the prompts, the sampling, the head's init and the windows")
     p.add_argument("--out", type=Path, default=None, help="folder for the head and its manifest (default assets/heads)")
@@ -44,11 +50,13 @@ def recipe_from(args: argparse.Namespace) -> object:
     from specviz.train.run import HeadRecipe
 
     for flag, value in (("--prompts", args.prompts), ("--new-tokens", args.new_tokens), ("--steps", args.steps),
-                        ("--batch", args.batch), ("--window", args.window), ("--vocab", args.vocab), ("--mlp", args.mlp)):
+                        ("--batch", args.batch), ("--window", args.window), ("--unroll", args.unroll), ("--vocab", args.vocab), ("--mlp", args.mlp)):
         if value < 1:
             raise CliError(f"{flag} must be at least 1, got {value}")
     if args.prompts < 2 * RecordConfig.chunk:
         raise CliError(f"--prompts must be at least {2 * RecordConfig.chunk}: one chunk of {RecordConfig.chunk} is held out")
+    if args.text_tokens < 0:
+        raise CliError(f"--text-tokens must be 0 or more, got {args.text_tokens}")
     if args.warmup < 0:
         raise CliError(f"--warmup must be 0 or more, got {args.warmup}")
     if not 0 < args.lr < 1:
@@ -57,8 +65,21 @@ def recipe_from(args: argparse.Namespace) -> object:
         pair=resolve_pair_name(args.pair),
         record=RecordConfig(prompts=args.prompts, new_tokens=args.new_tokens, seed=args.seed),
         train=TrainConfig(steps=args.steps, lr=args.lr, window=args.window, batch=args.batch, seed=args.seed,
-                          warmup=args.warmup, bf16=args.bf16),
-        vocab=args.vocab, mlp=args.mlp, record_precision=args.record_precision, init_seed=args.seed)
+                          warmup=args.warmup, bf16=args.bf16, unroll=args.unroll),
+        vocab=args.vocab, mlp=args.mlp, record_precision=args.record_precision, init_seed=args.seed,
+        text_tokens=args.text_tokens, start_sha256=start_sha256(args))
+
+
+def start_sha256(args: argparse.Namespace) -> str:
+    """The sha256 of the head --start-from names (its manifest's), or "" for a fresh init."""
+    if args.start_from is None:
+        return ""
+    from specviz.models import heads
+
+    man = heads.manifest(resolve_pair_name(args.pair), args.start_from)
+    if man is None:
+        raise CliError(f"--start-from {args.start_from}: no head manifest for the pair there")
+    return man["sha256"]
 
 
 def cmd_train_head(args: argparse.Namespace) -> int:
@@ -76,7 +97,7 @@ def cmd_train_head(args: argparse.Namespace) -> int:
     def bar(**kw: object) -> tqdm:
         return tqdm(disable=args.quiet, file=sys.stderr, **kw)
 
-    man = train_head(recipe, args.out, report, bar)
+    man = train_head(recipe, args.out, report, bar, args.start_from)
     held = man["held_out"]
     print(f"{recipe.pair}: head {man['file']} sha256 {man['sha256']} ({man['bytes'] / 1e6:.1f} MB); held-out sampled "
           f"acceptance {held['sampled_acceptance'][1]:.3f}, greedy agreement {held['greedy_agreement'][1]:.3f}")

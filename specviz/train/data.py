@@ -6,6 +6,11 @@ the last-layer features every verify pass hands it (the same rows a head reads w
 prompts are what a machine without internet has: the standard library's sources, the app's own
 sources, and openings in the presets' genres. Recording runs many prompts together through the
 batched executor, a chunk at a time, and each chunk is saved, so a stopped run resumes where it was.
+
+Beside them, where a recipe asks (`text_tokens`), the target reads code people wrote: pieces of the pair's
+datastore (the standard library's sources, tokenized) in plain prefill passes, far cheaper per position than
+decoding. The tokens there are not the target's, but the law the head is trained on still is: at every
+position the loss compares the head with the target's own p, computed from the target's own feature.
 """
 
 from __future__ import annotations
@@ -163,4 +168,46 @@ def record(pair: Any, cfg: RecordConfig, folder: Path, progress: Callable[[int, 
         paths.append(path)
         if progress is not None:
             progress(c + 1, -(-len(texts) // cfg.chunk))
+    return paths
+
+
+TEXT_PIECE = 512  # tokens per piece of datastore text read through the target (whole pieces only: no padding)
+TEXT_BATCH = 4  # pieces per prefill pass
+TEXT_CHUNK = 64  # pieces per saved file (about 100 MB of fp16 features for d = 1536)
+
+
+def text_pieces(docs: Sequence[Sequence[int]], n_tokens: int, seed: int, piece: int = TEXT_PIECE) -> list[list[int]]:
+    """Whole pieces of `piece` tokens cut from the documents, seeded and shuffled, enough to hold n_tokens."""
+    pieces = [list(doc[a: a + piece]) for doc in docs for a in range(0, len(doc) - piece + 1, piece)]
+    random.Random(seed).shuffle(pieces)
+    return pieces[: -(-n_tokens // piece)]
+
+
+@torch.inference_mode()
+def read_pieces(target: torch.nn.Module, pieces: Sequence[Sequence[int]]) -> list[dict[str, torch.Tensor]]:
+    """The target's last-layer features (after its final norm: what its head reads) for each piece, in prefill
+    passes of TEXT_BATCH pieces; per piece its ids (T,) and features (T-1, d) fp16, as a recorded sequence."""
+    body = target.get_decoder()
+    out = []
+    for b in range(0, len(pieces), TEXT_BATCH):
+        x = torch.tensor([list(p) for p in pieces[b: b + TEXT_BATCH]])
+        feats = body(input_ids=x).last_hidden_state
+        out.extend({"ids": x[k], "feats": feats[k, :-1].to(torch.float16).clone()} for k in range(len(x)))
+    return out
+
+
+def read_text(target: torch.nn.Module, docs: Sequence[Sequence[int]], n_tokens: int, seed: int, folder: Path,
+              progress: Callable[[int, int], None] | None = None) -> list[Path]:
+    """Read every chunk of datastore pieces not yet on disk (a stopped run resumes); returns the chunk files in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces = text_pieces(docs, n_tokens, seed)
+    paths = []
+    total = -(-len(pieces) // TEXT_CHUNK)
+    for c, start in enumerate(range(0, len(pieces), TEXT_CHUNK)):
+        path = folder / f"text-{c:04d}.safetensors"
+        if not path.exists():
+            save_tree(path, read_pieces(target, pieces[start: start + TEXT_CHUNK]))
+        paths.append(path)
+        if progress is not None:
+            progress(c + 1, total)
     return paths

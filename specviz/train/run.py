@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from specviz import host
@@ -26,8 +27,8 @@ from specviz.core.draft_vocab import DraftVocab, most_frequent
 from specviz.core.head import EagleHead, _head_rows
 from specviz.models import heads
 from specviz.models.locate import cache_dir
-from specviz.train.data import RecordConfig, record
-from specviz.train.head import Sequences, TrainConfig, TrainState, expected_acceptance, train
+from specviz.train.data import RecordConfig, read_text, record
+from specviz.train.head import Sequences, TrainConfig, TrainState, acceptance_by_depth, train
 from specviz.train.store import load_tree, save_tree
 
 Report = Callable[[str], None]
@@ -44,6 +45,8 @@ class HeadRecipe:
     mlp: int = 2048  # the head's MLP width (the target's is 8960: a narrower one keeps the file under 48 MB)
     record_precision: str = "bf16"  # the target's precision while recording (bf16: 5x faster on AMX; fp16w at run time)
     init_seed: int = 0  # the head's initial weights
+    text_tokens: int = 0  # tokens of datastore code read through the target beside its continuations (0: none)
+    start_sha256: str = ""  # a head file to go on from (its sha256), instead of the seeded init: "" starts afresh
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,6 +65,31 @@ def work_folder(recipe: HeadRecipe) -> Path:
 def data_folder(recipe: HeadRecipe) -> Path:
     """Where the recorded chunks go: keyed by what decides them (the pair, the record settings, the precision)."""
     return work_folder(recipe) / f"data-{recipe.key('pair', 'record', 'record_precision')}"
+
+
+def text_folder(recipe: HeadRecipe) -> Path:
+    """Where the features of datastore text go: keyed by what decides them."""
+    return work_folder(recipe) / f"text-{recipe.key('pair', 'text_tokens', 'record_precision', 'init_seed')}"
+
+
+def text_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
+    """Read the recipe's datastore pieces through the target, a line per saved chunk with the time left."""
+    from specviz.models import datastore
+
+    store = datastore.ensure(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair))
+    text, size = store.text, datastore.vocab_size(pair)
+    cuts = np.flatnonzero(text >= size)  # each document ends with a separator past the vocabulary
+    docs = [d for d in np.split(text, cuts + 1) if len(d) > 1]
+    docs = [d[:-1] if d[-1] >= size else d for d in docs]
+    t0 = time.perf_counter()
+    done0 = len(list(text_folder(recipe).glob("text-*.safetensors")))
+
+    def progress(done: int, total: int) -> None:
+        new = done - done0
+        left = (time.perf_counter() - t0) / new * (total - done) / 60 if new > 0 else None
+        report(f"reading code: chunk {done}/{total}" + (f", about {left:.0f} min left" if left and done < total else ""))
+
+    return read_text(pair.target, docs, recipe.text_tokens, recipe.init_seed, text_folder(recipe), progress)
 
 
 def load_sequences(paths: list[Path]) -> Sequences:
@@ -125,20 +153,51 @@ def full_p(target: torch.nn.Module, vocab: DraftVocab) -> Callable[[torch.Tensor
     return p_of
 
 
-def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any]) -> tuple[EagleHead, dict[str, Any]]:
+def start_head(head: EagleHead, target: torch.nn.Module, recipe: HeadRecipe, folder: Path | None) -> dict[str, Any]:
+    """Put the trained tensors of the head in `folder` (checked against the recipe's sha256 and the target) into `head`;
+    returns that head's manifest. Its draft vocabulary must be the one this run chose (the same recorded text)."""
+    from safetensors.torch import load_file
+
+    if folder is None:
+        raise RuntimeError(f"this recipe goes on from the head with sha256 {recipe.start_sha256[:12]}…: "
+                           "name the folder that holds it (--start-from)")
+    man = heads.check(recipe.pair, target, folder)
+    if man["sha256"] != recipe.start_sha256:
+        raise RuntimeError(f"the head in {folder} has sha256 {man['sha256'][:12]}…, the recipe names "
+                           f"{recipe.start_sha256[:12]}…")
+    tensors = load_file(str(heads.paths(recipe.pair, folder)[0]))
+    if not torch.equal(tensors.pop("vocab.ids").long(), head.vocab.ids):
+        raise RuntimeError(f"the head in {folder} drafts over another vocabulary than this run's recorded text gives")
+    head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    return man
+
+
+def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any],
+                start_from: Path | None = None) -> tuple[EagleHead, dict[str, Any]]:
     """Train (or resume) the head on the recorded chunks but the last, which is held out; returns it and its record."""
     paths = sorted(data_folder(recipe).glob("chunk-*.safetensors"))
     if len(paths) < 2:
         raise RuntimeError("training needs at least two recorded chunks (one is held out)")
     data, held = load_sequences(paths[:-1]), load_sequences(paths[-1:])
-    vocab, counts = vocabulary(data, pair, recipe.vocab)
+    vocab, counts = vocabulary(data, pair, recipe.vocab)  # the datastore's tokens are counted there already
+    if recipe.text_tokens:
+        text = load_sequences(sorted(text_folder(recipe).glob("text-*.safetensors")))
+        counts["text_tokens"] = int(sum(len(t) for t in text.ids))
+        data = Sequences(data.ids + text.ids, data.feats + text.feats)
     report(f"draft vocabulary: {vocab.n} ids cover {counts['coverage_permille'] / 10:.1f}% of "
            f"{counts['recorded_tokens'] + counts['datastore_tokens']:,} tokens")
     torch.manual_seed(recipe.init_seed)
     head = EagleHead(pair.target, vocab, intermediate_size=recipe.mlp)
+    started = None
+    if recipe.start_sha256:
+        man = start_head(head, pair.target, recipe, start_from)
+        started = {"sha256": man["sha256"], "recipe": man["recipe"], "commit": man.get("trained_on", {}).get("commit"),
+                   "held_out": man.get("held_out")}
+        report(f"going on from the head {man['sha256'][:12]}… in {start_from}")
     held = Sequences(held.ids[:16], held.feats[:16])  # the held-out score: 16 sequences are enough
     p_of = full_p(pair.target, vocab)
-    before = expected_acceptance(head, held, p_of=p_of)
+    depth = max(3, recipe.train.unroll)  # a chain's first guesses: the first reads a real feature, the rest guessed ones
+    before = acceptance_by_depth(head, held, depth, p_of=p_of)
     ckpt = _checkpoint_path(recipe)
     resume = TrainState(**load_tree(ckpt)) if ckpt.exists() else None
     if resume is not None:
@@ -149,14 +208,22 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
                    lambda step, loss: (progress.update(1), progress.set_postfix(loss=f"{loss:.3f}")),
                    resume=resume, checkpoint=lambda s: _save_checkpoint(ckpt, s), every=25)
     progress.close()
-    after = expected_acceptance(head, held, p_of=p_of)
-    report(f"held-out first guess: sampled acceptance {before[0]:.3f} -> {after[0]:.3f}, "
-           f"greedy agreement {before[1]:.3f} -> {after[1]:.3f}")
+    after = acceptance_by_depth(head, held, depth, p_of=p_of)
+    for j, (b, a) in enumerate(zip(before, after)):
+        report(f"held-out guess {j + 1} of a chain: sampled acceptance {b[0]:.3f} -> {a[0]:.3f}, "
+               f"greedy agreement {b[1]:.3f} -> {a[1]:.3f}")
+
+    def scores(k: int) -> list[list[float]]:  # per guess of a chain: [before, after]
+        return [[round(b[k], 4), round(a[k], 4)] for b, a in zip(before, after)]
+
     return head, {"counts": counts, "train_seconds_this_run": round(time.perf_counter() - t0),
                   "loss_every_10_steps": [round(sum(losses[i:i + 10]) / len(losses[i:i + 10]), 4)
                                           for i in range(0, len(losses), 10)],
-                  "held_out": {"sequences": len(held.ids), "sampled_acceptance": [round(before[0], 4), round(after[0], 4)],
-                               "greedy_agreement": [round(before[1], 4), round(after[1], 4)]}}
+                  **({"started_from": started} if started else {}),
+                  "held_out": {"sequences": len(held.ids),
+                               "sampled_acceptance": [round(before[0][0], 4), round(after[0][0], 4)],
+                               "greedy_agreement": [round(before[0][1], 4), round(after[0][1], 4)],
+                               "by_guess": {"sampled_acceptance": scores(0), "greedy_agreement": scores(1)}}}
 
 
 def _commit() -> str:
@@ -171,22 +238,29 @@ def _commit() -> str:
         return "unknown"
 
 
-def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callable[..., Any]) -> dict[str, Any]:
-    """The whole run: record with the target at `record_precision`, then train against the pair's own target; ship."""
+def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callable[..., Any],
+               start_from: Path | None = None) -> dict[str, Any]:
+    """The whole run: record with the target at `record_precision`, then train against the pair's own target; ship.
+
+    start_from: the folder holding the head the recipe goes on from (its `start_sha256`), where it names one."""
     from specviz import models
 
     t0 = time.perf_counter()
     chunks = -(-recipe.record.prompts // recipe.record.chunk)
-    if all((data_folder(recipe) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks)):
+    recorded = all((data_folder(recipe) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks))
+    if recorded:
         report(f"all {chunks} recorded chunks are in {data_folder(recipe)}")
-    else:
-        report(f"loading {recipe.pair} (target {recipe.record_precision}) to record its continuations")
+    if not recorded or recipe.text_tokens:
+        report(f"loading {recipe.pair} (target {recipe.record_precision}) to record what it says and reads")
         pair = models.load_pair(recipe.pair, target_precision=recipe.record_precision)
-        record_stage(pair, recipe, report)
+        if not recorded:
+            record_stage(pair, recipe, report)
+        if recipe.text_tokens:
+            text_stage(pair, recipe, report)
         del pair
     report(f"loading {recipe.pair} as the app runs it, to train against its own head rows and embedding")
     pair = models.load_pair(recipe.pair)
-    head, record_ = train_stage(pair, recipe, report, bar)
+    head, record_ = train_stage(pair, recipe, report, bar, start_from)
     extra = {"trained_on": {"commit": _commit(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                             "machine": host.machine_words(),
                             "target_precision": pair.target_precision},

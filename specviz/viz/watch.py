@@ -208,11 +208,27 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
     counts = man.get("counts", {})
     acc = held.get("sampled_acceptance", [None, None])[-1]
     greedy = held.get("greedy_agreement", [None, None])[-1]
-    scored = (f" On held-out text it agreed with the target's top token {greedy:.0%} of the time and its sampled "
-              f"acceptance was {acc:.2f}." if acc is not None and greedy is not None else "")
+    by_guess = [g[-1] for g in held.get("by_guess", {}).get("greedy_agreement", [])]
+    if len(by_guess) > 1:
+        scored = (f" On held-out text its first {len(by_guess)} guesses in a row agreed with the target's top token "
+                  + " / ".join(f"{g:.0%}" for g in by_guess) + f" of the time (the first reads the target's real "
+                  f"notes, the later ones its own guessed notes); its first guess's sampled acceptance was {acc:.2f}.")
+    elif acc is not None and greedy is not None:
+        scored = (f" On held-out text it agreed with the target's top token {greedy:.0%} of the time and its sampled "
+                  f"acceptance was {acc:.2f}.")
+    else:
+        scored = ""
+    text = f" and {counts['text_tokens']:,} tokens of code it read" if counts.get("text_tokens") else ""
+    unroll = train.get("unroll", 1)
+    steps = (f"{train.get('steps', '?')} steps of {train.get('batch', '?')}×{train.get('window', '?')} positions"
+             + (f", each guessing {unroll} tokens ahead on its own guesses (EAGLE-3's training-time test)" if unroll > 1 else ""))
+    start = man.get("started_from")
+    if start:
+        first = start.get("recipe", {}).get("train", {})
+        steps = (f"{first.get('steps', '?')} steps on the target's real notes (head {str(start.get('sha256', ''))[:12]}…), "
+                 f"then {steps}")
     return (f"How this head was trained: {counts.get('recorded_tokens', 0):,} tokens of the target's own continuations "
-            f"of {rec.get('record', {}).get('prompts', '?')} prompts, {train.get('steps', '?')} steps of "
-            f"{train.get('batch', '?')}×{train.get('window', '?')} positions, seed {train.get('seed', '?')}, "
+            f"of {rec.get('record', {}).get('prompts', '?')} prompts{text}, {steps}, seed {train.get('seed', '?')}, "
             f"{man.get('seconds', 0) / 60:.0f} min on {man.get('trained_on', {}).get('machine', 'this machine')}; a "
             f"draft vocabulary of {rec.get('vocab', '?'):,} ids; {man.get('bytes', 0) / 1e6:.0f} MB, sha256 "
             f"{str(man.get('sha256', ''))[:12]}….{scored}")
