@@ -173,13 +173,14 @@ def test_a_start_head_that_is_not_the_recipes_is_refused(trained):
     folder, pair = trained
     man = heads.manifest("tiny-random", folder)
     recipe = HeadRecipe(pair="tiny-random", record=RecordConfig(), train=TrainConfig(), start_sha256="0" * 64)
-    head = heads.load("tiny-random", pair.target, folder)
     with pytest.raises(RuntimeError, match="the recipe names 000000000000"):
-        start_head(head, pair.target, recipe, folder)
+        start_head(pair.target, recipe, folder)
     with pytest.raises(RuntimeError, match="--start-from"):
-        start_head(head, pair.target, recipe, None)
-    ok = dataclasses.replace(recipe, start_sha256=man["sha256"])
-    assert start_head(head, pair.target, ok, folder)["sha256"] == man["sha256"]
+        start_head(pair.target, recipe, None)
+    tensors, vocab, found = start_head(pair.target, dataclasses.replace(recipe, start_sha256=man["sha256"]), folder)
+    head = heads.load("tiny-random", pair.target, folder)
+    assert found["sha256"] == man["sha256"] and torch.equal(vocab.ids, head.vocab.ids)
+    assert all(torch.equal(v.half().float(), head.weights()[k].float()) for k, v in tensors.items())
 
 
 def test_pieces_of_code_are_read_as_the_head_hears_the_target():

@@ -117,9 +117,10 @@ def record_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     return record(pair, recipe.record, data_folder(recipe), progress)
 
 
-def vocabulary(data: Sequences, pair: Any, n: int) -> tuple[DraftVocab, dict[str, int]]:
+def vocabulary(data: Sequences, pair: Any, n: int,
+               given: DraftVocab | None = None) -> tuple[DraftVocab, dict[str, int]]:
     """The n most frequent ids in the recorded text and the pair's datastore of code (ties: the smaller id, which
-    in a BPE vocabulary is the earlier, more common merge); with the token counts that chose them."""
+    in a BPE vocabulary is the earlier, more common merge), or the `given` one; with the counts and its coverage."""
     from specviz.models import datastore
 
     size = pair.target.config.vocab_size
@@ -129,7 +130,7 @@ def vocabulary(data: Sequences, pair: Any, n: int) -> tuple[DraftVocab, dict[str
         store = datastore.load(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair))
         text = torch.from_numpy(store.text[store.text < size])
     counts = counts + torch.bincount(text, minlength=size)
-    vocab = most_frequent(counts, n)
+    vocab = given if given is not None else most_frequent(counts, n)
     covered = float(counts[vocab.ids].sum() / counts.sum())
     return vocab, {"recorded_tokens": int(sum(len(t) for t in data.ids)), "datastore_tokens": int(text.numel()),
                    "coverage_permille": round(1000 * covered)}
@@ -153,9 +154,10 @@ def full_p(target: torch.nn.Module, vocab: DraftVocab) -> Callable[[torch.Tensor
     return p_of
 
 
-def start_head(head: EagleHead, target: torch.nn.Module, recipe: HeadRecipe, folder: Path | None) -> dict[str, Any]:
-    """Put the trained tensors of the head in `folder` (checked against the recipe's sha256 and the target) into `head`;
-    returns that head's manifest. Its draft vocabulary must be the one this run chose (the same recorded text)."""
+def start_head(target: torch.nn.Module, recipe: HeadRecipe,
+               folder: Path | None) -> tuple[dict[str, torch.Tensor], DraftVocab, dict[str, Any]]:
+    """The trained tensors, draft vocabulary and manifest of the head a recipe goes on from, found in `folder` and
+    checked (its sha256 against the recipe's, its target against this one). A run that goes on keeps its vocabulary."""
     from safetensors.torch import load_file
 
     if folder is None:
@@ -166,10 +168,8 @@ def start_head(head: EagleHead, target: torch.nn.Module, recipe: HeadRecipe, fol
         raise RuntimeError(f"the head in {folder} has sha256 {man['sha256'][:12]}…, the recipe names "
                            f"{recipe.start_sha256[:12]}…")
     tensors = load_file(str(heads.paths(recipe.pair, folder)[0]))
-    if not torch.equal(tensors.pop("vocab.ids").long(), head.vocab.ids):
-        raise RuntimeError(f"the head in {folder} drafts over another vocabulary than this run's recorded text gives")
-    head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
-    return man
+    vocab = DraftVocab(tensors.pop("vocab.ids").to(torch.long), target.config.vocab_size)
+    return {k: v.float() for k, v in tensors.items()}, vocab, man
 
 
 def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any],
@@ -179,7 +179,9 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
     if len(paths) < 2:
         raise RuntimeError("training needs at least two recorded chunks (one is held out)")
     data, held = load_sequences(paths[:-1]), load_sequences(paths[-1:])
-    vocab, counts = vocabulary(data, pair, recipe.vocab)  # the datastore's tokens are counted there already
+    start = start_head(pair.target, recipe, start_from) if recipe.start_sha256 else None
+    # the datastore's tokens are counted there already (the code pieces below come from it)
+    vocab, counts = vocabulary(data, pair, recipe.vocab, start[1] if start else None)
     if recipe.text_tokens:
         text = load_sequences(sorted(text_folder(recipe).glob("text-*.safetensors")))
         counts["text_tokens"] = int(sum(len(t) for t in text.ids))
@@ -189,8 +191,9 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
     torch.manual_seed(recipe.init_seed)
     head = EagleHead(pair.target, vocab, intermediate_size=recipe.mlp)
     started = None
-    if recipe.start_sha256:
-        man = start_head(head, pair.target, recipe, start_from)
+    if start is not None:
+        tensors, _, man = start
+        head.load_state_dict(tensors, strict=False)
         started = {"sha256": man["sha256"], "recipe": man["recipe"], "commit": man.get("trained_on", {}).get("commit"),
                    "held_out": man.get("held_out")}
         report(f"going on from the head {man['sha256'][:12]}… in {start_from}")
