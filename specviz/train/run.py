@@ -231,9 +231,9 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
 
 def _commit() -> str:
     """The code's commit, marked "+changes" where the working tree differs from it (the recipe names what ran)."""
-    def git(*args: str) -> str:
+    def git(*args: str) -> str:  # run at the repository root: the pathspec "specviz" below is relative to it
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     try:
         head = git("rev-parse", "HEAD") or "unknown"
         return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no", "--", "specviz") else "")
