@@ -97,19 +97,17 @@ def chain_sees(n: int, depth: int) -> torch.Tensor:
     """What pass `depth` (0: real features) of an n-pair window attends to among the depth+1 passes' entries.
 
     A chain's draft step `depth` at pair t began at pair t - depth: it sees the real pairs up to there (pass 0)
-    and the pair pass m guessed at t - depth + m on its way down. A row with no chain behind it (t < depth) sees
-    itself only, so that its softmax is defined; it is never scored and no scored row attends to it.
+    and the pair pass m guessed at t - depth + m on its way down (m = 1..depth, the last one itself). A row with
+    no chain behind it (t < depth) is never scored: it sees at least itself, so its softmax is defined, and no
+    scored row attends to it.
     """
-    sees = torch.zeros(n, (depth + 1) * n, dtype=torch.bool)
     t = torch.arange(n)
-    for m in range(depth + 1):
+    sees = torch.zeros(n, (depth + 1) * n, dtype=torch.bool)
+    sees[:, :n] = t[None, :] <= (t - depth)[:, None]  # pass 0: the real pairs up to the chain's start
+    for m in range(1, depth + 1):
         u = t - depth + m  # the pair pass m guessed on this row's chain
         ok = u >= 0
         sees[t[ok], m * n + u[ok]] = True
-    for t0 in range(n):  # pass 0: every real pair before the chain's start too
-        if t0 - depth >= 0:
-            sees[t0, : t0 - depth + 1] = True
-    sees[t[:depth], depth * n + t[:depth]] = True
     return sees
 
 
