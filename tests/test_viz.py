@@ -176,9 +176,10 @@ def test_the_head_recipe_line_says_each_stage_and_each_guess_from_the_manifest()
     line = watch_view.head_recipe_line(man)
     assert "82,437 tokens of the target's own continuations of 400 prompts and 262,144 tokens of code" in line
     assert "1100 steps on the target's real notes (head abababababab…), then 600 steps of 8×128 positions" in line
+    assert "60 min for the second stage on 2 CPU cores" in line
     assert "guessing 3 tokens ahead" in line and "60% / 50% / 45%" in line and "sampled acceptance was 0.55" in line
     old = {k: v for k, v in man.items() if k != "started_from"}
     old["held_out"] = {"sampled_acceptance": [0.0, 0.49], "greedy_agreement": [0.0, 0.53]}
     old["recipe"] = {**man["recipe"], "train": {"steps": 1100, "batch": 8, "window": 128, "seed": 0}}
     line = watch_view.head_recipe_line(old)
-    assert "then" not in line and "ahead" not in line and "53% of the time" in line
+    assert "then" not in line and "ahead" not in line and "second stage" not in line and "53% of the time" in line

@@ -229,7 +229,8 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
                  f"then {steps}")
     return (f"How this head was trained: {counts.get('recorded_tokens', 0):,} tokens of the target's own continuations "
             f"of {rec.get('record', {}).get('prompts', '?')} prompts{text}, {steps}, seed {train.get('seed', '?')}, "
-            f"{man.get('seconds', 0) / 60:.0f} min on {man.get('trained_on', {}).get('machine', 'this machine')}; a "
+            f"{man.get('seconds', 0) / 60:.0f} min{' for the second stage' if start else ''} on "
+            f"{man.get('trained_on', {}).get('machine', 'this machine')}; a "
             f"draft vocabulary of {rec.get('vocab', '?'):,} ids; {man.get('bytes', 0) / 1e6:.0f} MB, sha256 "
             f"{str(man.get('sha256', ''))[:12]}….{scored}")
 
