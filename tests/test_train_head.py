@@ -199,7 +199,8 @@ def test_pieces_of_code_are_read_as_the_head_hears_the_target():
         assert torch.allclose(row["feats"].float(), full[:-1].half().float(), atol=1e-3)
 
 
-def test_a_recipe_with_code_to_read_trains_on_it_too(tmp_path, monkeypatch, capsys):
+def test_a_recipe_with_code_to_read_trains_on_it_too(tmp_path, monkeypatch):
+    """--text-tokens reads whole datastore pieces through the target (6 pieces of 512 hold 3000 tokens) and trains on them."""
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
     assert main(TINY_ARGS + ["--text-tokens", "3000", "--out", str(tmp_path / "heads")]) == 0
     man = heads.manifest("tiny-random", tmp_path / "heads")
