@@ -60,6 +60,12 @@ def test_a_match_never_runs_across_two_documents():
     assert found.length == 2 and found.continuations == ((3,),)  # cut at the document's end, not running into [4, 5]
 
 
+def test_the_index_gives_its_documents_back_as_they_were_given():
+    docs = [[1, 2, 3], [], [4, 5], [0]]
+    assert [d.tolist() for d in SuffixIndex(docs, 6).documents()] == docs
+    assert SuffixIndex([], 6).documents() == []
+
+
 def test_ids_outside_the_vocabulary_are_refused():
     with pytest.raises(ValueError, match="outside the vocabulary"):
         SuffixIndex([[1, 7]], 5)

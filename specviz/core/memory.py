@@ -51,6 +51,12 @@ class SuffixIndex:
         self.sa = pydivsufsort.divsufsort(self.text) if self.text.size else np.zeros(0, dtype=np.int64)
         self.tokens = int(self.text.size - len(docs))
 
+    def documents(self) -> list[np.ndarray]:
+        """The documents as they were given, each without its separator."""
+        ends = np.flatnonzero(self.text >= self.vocab_size)
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        return [self.text[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
     def _range(self, pattern: list[int]) -> tuple[int, int]:
         """The suffix array's rows whose suffixes start with pattern (binary search; each key is a short slice)."""
         m, text = len(pattern), self.text

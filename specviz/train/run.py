@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from specviz import host
@@ -76,11 +75,7 @@ def text_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     """Read the recipe's datastore pieces through the target, a line per saved chunk with the time left."""
     from specviz.models import datastore
 
-    store = datastore.ensure(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair))
-    text, size = store.text, datastore.vocab_size(pair)
-    cuts = np.flatnonzero(text >= size)  # each document ends with a separator past the vocabulary
-    docs = [d for d in np.split(text, cuts + 1) if len(d) > 1]
-    docs = [d[:-1] if d[-1] >= size else d for d in docs]
+    docs = datastore.ensure(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair)).documents()
     t0 = time.perf_counter()
     done0 = len(list(text_folder(recipe).glob("text-*.safetensors")))
 
