@@ -83,19 +83,27 @@ def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict
     return man
 
 
-def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
-    """The checked head for this pair's target, fp32 arithmetic, eval mode (an EagleHead; fp16 matrices beside an fp16w target)."""
+def read(pair_name: str, target: nn.Module,
+         folder: Path | None = None) -> tuple[dict[str, torch.Tensor], Any, dict[str, Any]]:
+    """A checked head file's trained tensors (fp32), its draft vocabulary and its manifest."""
     from safetensors.torch import load_file
 
     from specviz.core.draft_vocab import DraftVocab
-    from specviz.core.head import EagleHead
-    from specviz.models.half import HalfLinear, half_linears
 
     man = check(pair_name, target, folder)
     tensors = load_file(str(paths(pair_name, folder)[0]))
     vocab = DraftVocab(tensors.pop("vocab.ids").to(torch.long), target.config.vocab_size)
+    return {k: v.float() for k, v in tensors.items()}, vocab, man
+
+
+def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
+    """The checked head for this pair's target, fp32 arithmetic, eval mode (an EagleHead; fp16 matrices beside an fp16w target)."""
+    from specviz.core.head import EagleHead
+    from specviz.models.half import HalfLinear, half_linears
+
+    tensors, vocab, man = read(pair_name, target, folder)
     head = EagleHead(target, vocab, intermediate_size=man["recipe"]["mlp"])
-    missing, unexpected = head.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
     missing = [k for k in missing if not k.startswith("lm_head.")]  # the head rows come from the target
     if missing or unexpected:
         raise HeadError(f"the head file does not fit its recipe (missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -153,18 +153,14 @@ def start_head(target: torch.nn.Module, recipe: HeadRecipe,
                folder: Path | None) -> tuple[dict[str, torch.Tensor], DraftVocab, dict[str, Any]]:
     """The trained tensors, draft vocabulary and manifest of the head a recipe goes on from, found in `folder` and
     checked (its sha256 against the recipe's, its target against this one). A run that goes on keeps its vocabulary."""
-    from safetensors.torch import load_file
-
     if folder is None:
         raise RuntimeError(f"this recipe goes on from the head with sha256 {recipe.start_sha256[:12]}…: "
                            "name the folder that holds it (--start-from)")
-    man = heads.check(recipe.pair, target, folder)
+    tensors, vocab, man = heads.read(recipe.pair, target, folder)
     if man["sha256"] != recipe.start_sha256:
         raise RuntimeError(f"the head in {folder} has sha256 {man['sha256'][:12]}…, the recipe names "
                            f"{recipe.start_sha256[:12]}…")
-    tensors = load_file(str(heads.paths(recipe.pair, folder)[0]))
-    vocab = DraftVocab(tensors.pop("vocab.ids").to(torch.long), target.config.vocab_size)
-    return {k: v.float() for k, v in tensors.items()}, vocab, man
+    return tensors, vocab, man
 
 
 def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[..., Any],
