@@ -234,15 +234,15 @@ def acceptance_by_depth(head: EagleHead, data: Sequences, depth: int = 1, skip: 
         if length < 3:
             continue
         guesses = unrolled_guesses(head, data, s, 0, length, depth)
-        real, p = _targets(head, data, s, 0, length)
+        guessed_at = torch.arange(1, length - 1)  # the positions whose tokens pairs 0..length-3 guess
+        p = data.probs[s][guessed_at] if data.probs is not None else p_of(data.feats[s][guessed_at].float())
         for j, guessed in enumerate(guesses):
             rows = torch.arange(max(skip, j), length - 2)
             if len(rows) == 0:
                 continue
             q = torch.softmax(head.logits(guessed[rows]).float(), -1)
-            pj = p[rows] if data.probs is not None else p_of(real[rows])
-            total[j] += float(torch.minimum(pj, q).sum())
-            agree[j] += int((q.argmax(-1) == pj.argmax(-1)).sum())
+            total[j] += float(torch.minimum(p[rows], q).sum())
+            agree[j] += int((q.argmax(-1) == p[rows].argmax(-1)).sum())
             n[j] += len(rows)
     return [(t / max(k, 1), g / max(k, 1)) for t, g, k in zip(total, agree, n)]
 
