@@ -155,20 +155,28 @@ def record_chunk(pair: Any, texts: Sequence[str], cfg: RecordConfig, first_seed:
     return out
 
 
-def record(pair: Any, cfg: RecordConfig, folder: Path, progress: Callable[[int, int], None] | None = None) -> list[Path]:
-    """Record every chunk not yet on disk (a stopped run resumes); returns the chunk files in order."""
+def save_chunks(folder: Path, prefix: str, items: Sequence[Any], size: int,
+                make: Callable[[Sequence[Any], int], list[dict[str, torch.Tensor]]],
+                progress: Callable[[int, int], None] | None = None) -> list[Path]:
+    """Save make(items[start: start + size], start) as `<prefix>-NNNN.safetensors` for every chunk not yet on disk
+    (a stopped run resumes where it was); returns the chunk files in order."""
     folder.mkdir(parents=True, exist_ok=True)
-    texts = training_prompts(cfg.seed, cfg.prompts)
+    total = -(-len(items) // size)
     paths = []
-    for c, start in enumerate(range(0, len(texts), cfg.chunk)):
-        path = folder / f"chunk-{c:04d}.safetensors"
+    for c, start in enumerate(range(0, len(items), size)):
+        path = folder / f"{prefix}-{c:04d}.safetensors"
         if not path.exists():
-            rows = record_chunk(pair, texts[start: start + cfg.chunk], cfg, cfg.seed * 100_000 + start)
-            save_tree(path, rows)  # a chunk is on disk whole or not at all
+            save_tree(path, make(items[start: start + size], start))  # a chunk is on disk whole or not at all
         paths.append(path)
         if progress is not None:
-            progress(c + 1, -(-len(texts) // cfg.chunk))
+            progress(c + 1, total)
     return paths
+
+
+def record(pair: Any, cfg: RecordConfig, folder: Path, progress: Callable[[int, int], None] | None = None) -> list[Path]:
+    """Record every chunk not yet on disk (a stopped run resumes); returns the chunk files in order."""
+    return save_chunks(folder, "chunk", training_prompts(cfg.seed, cfg.prompts), cfg.chunk,
+                       lambda texts, start: record_chunk(pair, texts, cfg, cfg.seed * 100_000 + start), progress)
 
 
 TEXT_PIECE = 512  # tokens per piece of datastore text read through the target (whole pieces only: no padding)
@@ -199,15 +207,5 @@ def read_pieces(target: torch.nn.Module, pieces: Sequence[Sequence[int]]) -> lis
 def read_text(target: torch.nn.Module, docs: Sequence[Sequence[int]], n_tokens: int, seed: int, folder: Path,
               progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Read every chunk of datastore pieces not yet on disk (a stopped run resumes); returns the chunk files in order."""
-    folder.mkdir(parents=True, exist_ok=True)
-    pieces = text_pieces(docs, n_tokens, seed)
-    paths = []
-    total = -(-len(pieces) // TEXT_CHUNK)
-    for c, start in enumerate(range(0, len(pieces), TEXT_CHUNK)):
-        path = folder / f"text-{c:04d}.safetensors"
-        if not path.exists():
-            save_tree(path, read_pieces(target, pieces[start: start + TEXT_CHUNK]))
-        paths.append(path)
-        if progress is not None:
-            progress(c + 1, total)
-    return paths
+    return save_chunks(folder, "text", text_pieces(docs, n_tokens, seed), TEXT_CHUNK,
+                       lambda pieces, _start: read_pieces(target, pieces), progress)

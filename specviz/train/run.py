@@ -76,15 +76,22 @@ def text_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     from specviz.models import datastore
 
     docs = datastore.ensure(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair)).documents()
+    progress = chunk_progress(report, "reading code", "", text_folder(recipe), "text-*.safetensors")
+    return read_text(pair.target, docs, recipe.text_tokens, recipe.init_seed, text_folder(recipe), progress)
+
+
+def chunk_progress(report: Report, label: str, detail: str, folder: Path, pattern: str) -> Callable[[int, int], None]:
+    """A line per saved chunk with the time left, timed over the chunks this run makes (not those already on disk)."""
     t0 = time.perf_counter()
-    done0 = len(list(text_folder(recipe).glob("text-*.safetensors")))
+    done0 = len(list(folder.glob(pattern)))
 
     def progress(done: int, total: int) -> None:
         new = done - done0
-        left = (time.perf_counter() - t0) / new * (total - done) / 60 if new > 0 else None
-        report(f"reading code: chunk {done}/{total}" + (f", about {left:.0f} min left" if left and done < total else ""))
+        rate = (time.perf_counter() - t0) / new if new > 0 else 0.0
+        report(f"{label}: chunk {done}/{total}{detail}"
+               + (f", about {rate * (total - done) / 60:.0f} min left" if new > 0 and done < total else ""))
 
-    return read_text(pair.target, docs, recipe.text_tokens, recipe.init_seed, text_folder(recipe), progress)
+    return progress
 
 
 def load_sequences(paths: list[Path]) -> Sequences:
@@ -100,15 +107,8 @@ def token_counts(data: Sequences, vocab_size: int) -> torch.Tensor:
 
 def record_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     """Record every missing chunk, with a line per chunk and the time left."""
-    t0 = time.perf_counter()
-    done0 = len(list(data_folder(recipe).glob("chunk-*.safetensors")))
-
-    def progress(done: int, total: int) -> None:
-        new = done - done0
-        rate = (time.perf_counter() - t0) / new if new > 0 else 0.0
-        report(f"recording: chunk {done}/{total} ({recipe.record.chunk} prompts each)"
-               + (f", about {rate * (total - done) / 60:.0f} min left" if new > 0 and done < total else ""))
-
+    progress = chunk_progress(report, "recording", f" ({recipe.record.chunk} prompts each)", data_folder(recipe),
+                              "chunk-*.safetensors")
     return record(pair, recipe.record, data_folder(recipe), progress)
 
 
