@@ -17,7 +17,7 @@ from specviz.core.trace import GenerationConfig
 from specviz.models import heads
 from specviz.train.data import RecordConfig, read_pieces, text_pieces
 from specviz.train.head import Sequences, TrainConfig, TrainState, train
-from specviz.train.run import HeadRecipe, start_head
+from specviz.train.run import HeadRecipe, data_folder, leave_out_held, load_rows, start_head
 from specviz.train.store import load_tree, save_tree
 
 TINY_ARGS = ["train-head", "--pair", "tiny-random", "--prompts", "80", "--new-tokens", "24", "--steps", "40",
@@ -123,6 +123,10 @@ def test_bad_arguments_are_one_line_errors(capsys):
     assert "--prompts must be at least 80" in capsys.readouterr().err
     assert main(["train-head", "--pair", "tiny-random", "--steps", "0"]) == 2
     assert "--steps must be at least 1" in capsys.readouterr().err
+    for bad, says in (("40", "PROMPTS:SEED"), ("40:x", "PROMPTS:SEED"), ("0:3", "at least 1 prompt"),
+                      ("40:0", "seed 0 is used by another recording")):
+        assert main(["train-head", "--pair", "tiny-random", "--also-record", bad]) == 2
+        assert says in capsys.readouterr().err
 
 
 def test_beside_an_fp16w_target_the_head_holds_fp16_matrices_and_drafts_the_same_guesses():
@@ -206,3 +210,42 @@ def test_a_recipe_with_code_to_read_trains_on_it_too(tmp_path, monkeypatch):
     man = heads.manifest("tiny-random", tmp_path / "heads")
     assert man["recipe"]["text_tokens"] == 3000 and man["counts"]["text_tokens"] == 6 * 512
     assert len(list((tmp_path / "cache").rglob("text-*.safetensors"))) == 1
+
+
+def test_a_further_recording_leaves_out_prompts_that_open_held_out_text():
+    held = Sequences((torch.tensor([5, 6, 7, 8, 9]), torch.tensor([1, 2, 3])), (torch.zeros(4, 2), torch.zeros(2, 2)))
+    rows = [{"ids": torch.tensor([5, 6, 7, 1, 1]), "prompt": 3},  # the held-out opening 5 6 7, another continuation
+            {"ids": torch.tensor([5, 6, 1, 1]), "prompt": 2},  # a shorter opening of the same held-out text
+            {"ids": torch.tensor([5, 1, 7, 8]), "prompt": 3},
+            {"ids": torch.tensor([1, 2, 3, 4]), "prompt": 4}]  # longer than the held-out sequence it starts like
+    kept, left_out = leave_out_held(rows, held)
+    assert left_out == 2 and kept == rows[2:]
+    with pytest.raises(RuntimeError, match="record it again"):
+        leave_out_held([{"ids": torch.tensor([1, 2])}], held)
+
+
+def test_a_recipe_goes_on_with_a_further_recording(trained, tmp_path, monkeypatch):
+    """--also-record records more prompts with another seed (prompt lengths kept) and trains on them beside the first
+    recording, whose cached chunks are found again and whose last chunk stays the held-out one: a head goes on with
+    more data."""
+    folder, _ = trained
+    monkeypatch.setenv("SPECVIZ_CACHE", str(folder.parent / "cache"))  # the first recording is there already
+    recipe = HeadRecipe(pair="tiny-random", record=RecordConfig(prompts=80, new_tokens=24, seed=0), train=TrainConfig(),
+                        record_precision="fp32")
+    recorded = {p: p.stat().st_mtime_ns for p in data_folder(recipe).glob("chunk-*.safetensors")}
+    assert len(recorded) == 2
+    assert main(TINY_ARGS + ["--also-record", "40:1", "--start-from", str(folder), "--out", str(tmp_path / "heads")]) == 0
+    man, first = heads.manifest("tiny-random", tmp_path / "heads"), heads.manifest("tiny-random", folder)
+    assert [(r["prompts"], r["seed"]) for r in man["recipe"]["also_record"]] == [(40, 1)]
+    assert {p: p.stat().st_mtime_ns for p in data_folder(recipe).glob("chunk-*.safetensors")} == recorded  # not again
+    more = dataclasses.replace(recipe.record, prompts=40, seed=1)
+    rows = load_rows(sorted(data_folder(recipe, more).glob("chunk-*.safetensors")))
+    assert len(rows) == 40 and all(0 < r["prompt"] < len(r["ids"]) for r in rows)
+    main_rows = load_rows(sorted(data_folder(recipe).glob("chunk-*.safetensors")))
+    held = Sequences(tuple(r["ids"] for r in main_rows[40:]), tuple(r["feats"] for r in main_rows[40:]))
+    kept, left_out = leave_out_held(rows, held)
+    assert man["counts"]["left_out_sequences"] == left_out
+    assert man["counts"]["recorded_tokens"] == first["counts"]["recorded_tokens"] + sum(len(r["ids"]) for r in kept)
+    # the start head scored on the same held-out chunk by both runs
+    assert man["held_out"]["sampled_acceptance"][0] == pytest.approx(first["held_out"]["sampled_acceptance"][1], abs=1e-4)
+    assert man["started_from"]["sha256"] == first["sha256"]

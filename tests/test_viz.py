@@ -178,6 +178,12 @@ def test_the_head_recipe_line_says_each_stage_and_each_guess_from_the_manifest()
     assert "1100 steps on the target's real notes (head abababababab…), then 600 steps of 8×128 positions" in line
     assert "60 min for the second stage on 2 CPU cores" in line
     assert "guessing 3 tokens ahead" in line and "60% / 50% / 45%" in line and "sampled acceptance was 0.55" in line
+    third = {**man, "started_from": {**man, "sha256": "ef" * 32, "seconds": 1800}, "seconds": 2400}
+    third["recipe"] = {**man["recipe"], "also_record": [{"prompts": 600, "seed": 1}]}
+    line = watch_view.head_recipe_line(third)
+    assert ("1100 steps on the target's real notes (head abababababab…), then 600 steps guessing 3 tokens ahead "
+            "(head efefefefefef…), then 600 steps of 8×128 positions") in line
+    assert "of 1,000 prompts" in line and "40 min for the third stage" in line
     old = {k: v for k, v in man.items() if k != "started_from"}
     old["held_out"] = {"sampled_acceptance": [0.0, 0.49], "greedy_agreement": [0.0, 0.53]}
     old["recipe"] = {**man["recipe"], "train": {"steps": 1100, "batch": 8, "window": 128, "seed": 0}}

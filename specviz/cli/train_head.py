@@ -31,6 +31,9 @@ def add_train_head(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mlp", type=int, default=2048, help="the head's MLP width (default 2048)")
     p.add_argument("--record-precision", default="bf16", choices=("bf16", "fp32", "fp16w"),
                    help="the target's precision while recording (default bf16: fast on CPUs with bf16 units)")
+    p.add_argument("--also-record", action="append", default=[], metavar="PROMPTS:SEED",
+                   help="record this many more prompts with another seed and train on them too (repeatable; the first "
+                   "recording's last chunk stays the held-out one, so a head can go on with more data)")
     p.add_argument("--text-tokens", type=int, default=0,
                    help="also read this many tokens of the datastore's code through the target (default 0)")
     p.add_argument("--unroll", type=int, default=1,
@@ -62,12 +65,33 @@ def recipe_from(args: argparse.Namespace) -> object:
     if not 0 < args.lr < 1:
         raise CliError(f"--lr must be between 0 and 1, got {args.lr}")
     return HeadRecipe(
+        also_record=also_record(args),
         pair=resolve_pair_name(args.pair),
         record=RecordConfig(prompts=args.prompts, new_tokens=args.new_tokens, seed=args.seed),
         train=TrainConfig(steps=args.steps, lr=args.lr, window=args.window, batch=args.batch, seed=args.seed,
                           warmup=args.warmup, bf16=args.bf16, unroll=args.unroll),
         vocab=args.vocab, mlp=args.mlp, record_precision=args.record_precision, init_seed=args.seed,
         text_tokens=args.text_tokens, start_sha256=start_sha256(args))
+
+
+def also_record(args: argparse.Namespace) -> tuple[object, ...]:
+    """The further recordings --also-record names, each checked: PROMPTS:SEED, a seed no other recording uses."""
+    from specviz.train.data import RecordConfig
+
+    out, seeds = [], {args.seed}
+    for text in args.also_record:
+        prompts, _, seed = text.partition(":")
+        try:
+            cfg = RecordConfig(prompts=int(prompts), new_tokens=args.new_tokens, seed=int(seed))
+        except ValueError:
+            raise CliError(f"--also-record takes PROMPTS:SEED (two whole numbers), got {text!r}") from None
+        if cfg.prompts < 1:
+            raise CliError(f"--also-record {text}: record at least 1 prompt")
+        if cfg.seed in seeds:  # the same seed draws the same prompts again
+            raise CliError(f"--also-record {text}: seed {cfg.seed} is used by another recording; choose another")
+        seeds.add(cfg.seed)
+        out.append(cfg)
+    return tuple(out)
 
 
 def start_sha256(args: argparse.Namespace) -> str:

@@ -137,7 +137,8 @@ def _shared(model: torch.nn.Module, max_rows: int) -> Exactness:
 
 
 def record_chunk(pair: Any, texts: Sequence[str], cfg: RecordConfig, first_seed: int) -> list[dict[str, torch.Tensor]]:
-    """Run the texts together (target alone, sampled) and return per text its ids (T,) and features (T-1, d) fp16."""
+    """Run the texts together (target alone, sampled) and return per text its ids (T,), features (T-1, d) fp16 and
+    prompt length (so a later recording can leave out prompts that another one holds out)."""
     drafter = _RecordingDrafter()
     programs = []
     for j, text in enumerate(texts):
@@ -151,7 +152,7 @@ def record_chunk(pair: Any, texts: Sequence[str], cfg: RecordConfig, first_seed:
         ids = torch.tensor(list(gen.prompt_ids) + list(gen.tokens), dtype=torch.long)
         feats = torch.stack(session.rows)
         n = min(len(ids) - 1, len(feats))  # every position but the last one has its row
-        out.append({"ids": ids[: n + 1], "feats": feats[:n]})
+        out.append({"ids": ids[: n + 1], "feats": feats[:n], "prompt": len(gen.prompt_ids)})
     return out
 
 

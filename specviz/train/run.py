@@ -46,6 +46,9 @@ class HeadRecipe:
     init_seed: int = 0  # the head's initial weights
     text_tokens: int = 0  # tokens of datastore code read through the target beside its continuations (0: none)
     start_sha256: str = ""  # a head file to go on from (its sha256), instead of the seeded init: "" starts afresh
+    # more recordings (other seeds) trained on beside the first, whose last chunk stays the held-out one: data grow
+    # without recording again what is in the cache already
+    also_record: tuple[RecordConfig, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -61,9 +64,16 @@ def work_folder(recipe: HeadRecipe) -> Path:
     return cache_dir() / "heads" / recipe.pair
 
 
-def data_folder(recipe: HeadRecipe) -> Path:
-    """Where the recorded chunks go: keyed by what decides them (the pair, the record settings, the precision)."""
-    return work_folder(recipe) / f"data-{recipe.key('pair', 'record', 'record_precision')}"
+def data_folder(recipe: HeadRecipe, record: RecordConfig | None = None) -> Path:
+    """Where a recording's chunks go (the recipe's first one by default): keyed by what decides them (the pair, the
+    record settings, the precision), so the same recording in another recipe is found, not made again."""
+    one = dataclasses.replace(recipe, record=record or recipe.record)
+    return work_folder(recipe) / f"data-{one.key('pair', 'record', 'record_precision')}"
+
+
+def recordings(recipe: HeadRecipe) -> tuple[RecordConfig, ...]:
+    """Every recording a recipe trains on, the first (whose last chunk is held out) first."""
+    return (recipe.record, *recipe.also_record)
 
 
 def text_folder(recipe: HeadRecipe) -> Path:
@@ -94,10 +104,35 @@ def chunk_progress(report: Report, label: str, detail: str, folder: Path, patter
     return progress
 
 
-def load_sequences(paths: list[Path]) -> Sequences:
-    """The recorded chunks as one Sequences (features kept in fp16: 3 KB a position for d = 1536)."""
-    rows = [r for p in paths for r in load_tree(p)]
+def load_rows(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every recorded sequence in the chunks, in order: its ids, features and prompt length (chunks recorded before it was kept have none)."""
+    return [r for p in paths for r in load_tree(p)]
+
+
+def as_sequences(rows: list[dict[str, Any]]) -> Sequences:
+    """Rows as one Sequences (features kept in fp16: 3 KB a position for d = 1536)."""
     return Sequences(tuple(r["ids"] for r in rows), tuple(r["feats"] for r in rows))
+
+
+def load_sequences(paths: list[Path]) -> Sequences:
+    """The recorded chunks as one Sequences."""
+    return as_sequences(load_rows(paths))
+
+
+def leave_out_held(rows: list[dict[str, Any]], held: Sequences) -> tuple[list[dict[str, Any]], int]:
+    """The rows of another recording but those whose prompt opens a held-out sequence, and how many were left out:
+    recordings with other seeds repeat the genres' openings (135 of them), and the held-out score must not be
+    of text the head trained on."""
+    opens = [ids.tolist() for ids in held.ids]
+    kept = []
+    for r in rows:
+        if "prompt" not in r:
+            raise RuntimeError("a further recording must keep its prompts' lengths, and this one was made before "
+                               "chunks kept them: delete its data-… folder in the cache and record it again")
+        prompt = r["ids"][: r["prompt"]].tolist()
+        if not any(seq[: len(prompt)] == prompt for seq in opens):
+            kept.append(r)
+    return kept, len(rows) - len(kept)
 
 
 def token_counts(data: Sequences, vocab_size: int) -> torch.Tensor:
@@ -105,11 +140,18 @@ def token_counts(data: Sequences, vocab_size: int) -> torch.Tensor:
     return torch.bincount(torch.cat(data.ids), minlength=vocab_size)
 
 
-def record_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
-    """Record every missing chunk, with a line per chunk and the time left."""
-    progress = chunk_progress(report, "recording", f" ({recipe.record.chunk} prompts each)", data_folder(recipe),
+def record_stage(pair: Any, recipe: HeadRecipe, report: Report, cfg: RecordConfig | None = None) -> list[Path]:
+    """Record every missing chunk of one recording (the recipe's first by default), a line per chunk with the time left."""
+    cfg = cfg or recipe.record
+    folder = data_folder(recipe, cfg)
+    progress = chunk_progress(report, "recording", f" ({cfg.chunk} prompts each, seed {cfg.seed})", folder,
                               "chunk-*.safetensors")
-    return record(pair, recipe.record, data_folder(recipe), progress)
+    return record(pair, cfg, folder, progress)
+
+
+def is_recorded(recipe: HeadRecipe, cfg: RecordConfig) -> bool:
+    chunks = -(-cfg.prompts // cfg.chunk)
+    return all((data_folder(recipe, cfg) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks))
 
 
 def vocabulary(data: Sequences, pair: Any, n: int,
@@ -170,9 +212,17 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
     if len(paths) < 2:
         raise RuntimeError("training needs at least two recorded chunks (one is held out)")
     data, held = load_sequences(paths[:-1]), load_sequences(paths[-1:])
+    left_out = 0
+    for cfg in recipe.also_record:
+        rows, n = leave_out_held(load_rows(sorted(data_folder(recipe, cfg).glob("chunk-*.safetensors"))), held)
+        more, left_out = as_sequences(rows), left_out + n
+        data = Sequences(data.ids + more.ids, data.feats + more.feats)
     start = start_head(pair.target, recipe, start_from) if recipe.start_sha256 else None
     # the datastore's tokens are counted there already (the code pieces below come from it)
     vocab, counts = vocabulary(data, pair, recipe.vocab, start[1] if start else None)
+    if recipe.also_record:
+        counts["left_out_sequences"] = left_out
+        report(f"further recordings: {left_out} sequences left out (their prompts open held-out ones)")
     if recipe.text_tokens:
         text = load_sequences(sorted(text_folder(recipe).glob("text-*.safetensors")))
         counts["text_tokens"] = int(sum(len(t) for t in text.ids))
@@ -186,7 +236,8 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
         tensors, _, man = start
         head.load_state_dict(tensors, strict=False)
         started = {"sha256": man["sha256"], "recipe": man["recipe"], "commit": man.get("trained_on", {}).get("commit"),
-                   "held_out": man.get("held_out")}
+                   "held_out": man.get("held_out"),
+                   **({"started_from": man["started_from"]} if man.get("started_from") else {})}  # every stage before
         report(f"going on from the head {man['sha256'][:12]}… in {start_from}")
     held = Sequences(held.ids[:16], held.feats[:16])  # the held-out score: 16 sequences are enough
     p_of = full_p(pair.target, vocab)
@@ -240,15 +291,15 @@ def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callab
     from specviz import models
 
     t0 = time.perf_counter()
-    chunks = -(-recipe.record.prompts // recipe.record.chunk)
-    recorded = all((data_folder(recipe) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks))
-    if recorded:
-        report(f"all {chunks} recorded chunks are in {data_folder(recipe)}")
-    if not recorded or recipe.text_tokens:
+    missing = [cfg for cfg in recordings(recipe) if not is_recorded(recipe, cfg)]
+    for cfg in recordings(recipe):
+        if cfg not in missing:
+            report(f"all {-(-cfg.prompts // cfg.chunk)} recorded chunks are in {data_folder(recipe, cfg)}")
+    if missing or recipe.text_tokens:
         report(f"loading {recipe.pair} (target {recipe.record_precision}) to record what it says and reads")
         pair = models.load_pair(recipe.pair, target_precision=recipe.record_precision)
-        if not recorded:
-            record_stage(pair, recipe, report)
+        for cfg in missing:
+            record_stage(pair, recipe, report, cfg)
         if recipe.text_tokens:
             text_stage(pair, recipe, report)
         del pair

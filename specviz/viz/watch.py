@@ -201,6 +201,23 @@ def helper_rows(rows: Sequence[tuple[str, str, Any]]) -> pd.DataFrame | None:
     return pd.DataFrame(out) if out else None
 
 
+def start_heads(man: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The heads a head's training went on from, the first first (each manifest keeps its start head's record)."""
+    chain = []
+    start = man.get("started_from")
+    while start:
+        chain.append(start)
+        start = start.get("started_from")
+    return chain[::-1]
+
+
+def _earlier_stage(start: Mapping[str, Any]) -> str:
+    train = start.get("recipe", {}).get("train", {})
+    how = ("on the target's real notes" if train.get("unroll", 1) == 1
+           else f"guessing {train['unroll']} tokens ahead")
+    return f"{train.get('steps', '?')} steps {how} (head {str(start.get('sha256', ''))[:12]}…)"
+
+
 def head_recipe_line(man: Mapping[str, Any]) -> str:
     """How the shipped head was trained, from its manifest (numbers only: no model text)."""
     rec, train = man.get("recipe", {}), man.get("recipe", {}).get("train", {})
@@ -220,16 +237,17 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
         scored = ""
     text = f" and {counts['text_tokens']:,} tokens of code it read" if counts.get("text_tokens") else ""
     unroll = train.get("unroll", 1)
+    records = [rec.get("record", {}), *rec.get("also_record", [])]
+    prompts = (f"{sum(r.get('prompts', 0) for r in records):,}" if all("prompts" in r for r in records) else "?")
     steps = (f"{train.get('steps', '?')} steps of {train.get('batch', '?')}×{train.get('window', '?')} positions"
              + (f", each guessing {unroll} tokens ahead on its own guesses (EAGLE-3's training-time test)" if unroll > 1 else ""))
-    start = man.get("started_from")
-    if start:
-        first = start.get("recipe", {}).get("train", {})
-        steps = (f"{first.get('steps', '?')} steps on the target's real notes (head {str(start.get('sha256', ''))[:12]}…), "
-                 f"then {steps}")
+    earlier = start_heads(man)
+    if earlier:
+        steps = ", then ".join([*(_earlier_stage(m) for m in earlier), steps])
+    stage = {1: "second", 2: "third"}.get(len(earlier), f"{len(earlier) + 1}th")
     return (f"How this head was trained: {counts.get('recorded_tokens', 0):,} tokens of the target's own continuations "
-            f"of {rec.get('record', {}).get('prompts', '?')} prompts{text}, {steps}, seed {train.get('seed', '?')}, "
-            f"{man.get('seconds', 0) / 60:.0f} min{' for the second stage' if start else ''} on "
+            f"of {prompts} prompts{text}, {steps}, seed {train.get('seed', '?')}, "
+            f"{man.get('seconds', 0) / 60:.0f} min{f' for the {stage} stage' if earlier else ''} on "
             f"{man.get('trained_on', {}).get('machine', 'this machine')}; a "
             f"draft vocabulary of {rec.get('vocab', '?'):,} ids; {man.get('bytes', 0) / 1e6:.0f} MB, sha256 "
             f"{str(man.get('sha256', ''))[:12]}….{scored}")
