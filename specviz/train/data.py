@@ -129,6 +129,11 @@ class RecordConfig:
     seed: int = 0
     max_prompt_tokens: int = 384
 
+    @property
+    def chunks(self) -> int:
+        """How many chunk files the recording makes (the last may hold fewer prompts)."""
+        return -(-self.prompts // self.chunk)
+
 
 def _shared(model: torch.nn.Module, max_rows: int) -> Exactness:
     """Recording packs every run's rows into shared passes: training data need the target's features and laws, not

@@ -150,8 +150,7 @@ def record_stage(pair: Any, recipe: HeadRecipe, report: Report, cfg: RecordConfi
 
 
 def is_recorded(recipe: HeadRecipe, cfg: RecordConfig) -> bool:
-    chunks = -(-cfg.prompts // cfg.chunk)
-    return all((data_folder(recipe, cfg) / f"chunk-{c:04d}.safetensors").exists() for c in range(chunks))
+    return all((data_folder(recipe, cfg) / f"chunk-{c:04d}.safetensors").exists() for c in range(cfg.chunks))
 
 
 def vocabulary(data: Sequences, pair: Any, n: int,
@@ -294,7 +293,7 @@ def train_head(recipe: HeadRecipe, out: Path | None, report: Report, bar: Callab
     missing = [cfg for cfg in recordings(recipe) if not is_recorded(recipe, cfg)]
     for cfg in recordings(recipe):
         if cfg not in missing:
-            report(f"all {-(-cfg.prompts // cfg.chunk)} recorded chunks are in {data_folder(recipe, cfg)}")
+            report(f"all {cfg.chunks} recorded chunks are in {data_folder(recipe, cfg)}")
     if missing or recipe.text_tokens:
         report(f"loading {recipe.pair} (target {recipe.record_precision}) to record what it says and reads")
         pair = models.load_pair(recipe.pair, target_precision=recipe.record_precision)
