@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specviz.core.draft_vocab import DraftVocab, most_frequent
-from specviz.core.drafters.eagle import EagleDrafter, EagleTreeDrafter
+from specviz.core import drafters
+from specviz.core.drafters.eagle import EAGLE_MIN_CONFIDENCE, EagleDrafter, EagleTreeDrafter
 from specviz.core.drafters.tree import TreeConfig
 from specviz.core.engine import autoregressive_generate, speculative_generate, speculative_program
 from specviz.core.progress import drain
@@ -59,6 +60,19 @@ def test_greedy_eagle_runs_are_identical_to_the_target_alone_even_untrained(tiny
     assert sum(len(r.draft_ids) for r in spec.rounds) > 0
 
 
+def test_an_unsure_head_stops_its_chain_early_and_the_output_stays_the_targets(tiny):
+    """The confidence stop (adaptive runs): an untrained head is never 99 % sure, so every draft is one token long."""
+    tok, target, _, vocab = tiny
+    spec, base = _greedy_pair(target, tok, EagleDrafter(_head(target, vocab), min_confidence=0.99), "def add(a, b):", 4)
+    assert spec.tokens == base.tokens
+    drafting = [len(r.draft_ids) for r in spec.rounds if r.draft_ids]  # (a round with no room left drafts nothing)
+    assert len(drafting) > 10 and set(drafting) == {1}
+    # the registry's head chain stops when unsure in adaptive runs only, as the model drafter does
+    head = _head(target, vocab)
+    assert drafters.build("eagle", target=target, head=head, adaptive=True).min_confidence == EAGLE_MIN_CONFIDENCE > 0
+    assert drafters.build("eagle", target=target, head=head).min_confidence == 0.0
+
+
 @pytest.mark.parametrize("config", [TreeConfig(budget=12, branching=2, depth=5, min_score=0.0), TreeConfig()])
 def test_greedy_eagle_tree_runs_are_identical_to_the_target_alone(tiny, config):
     tok, target, _, vocab = tiny
@@ -69,8 +83,9 @@ def test_greedy_eagle_tree_runs_are_identical_to_the_target_alone(tiny, config):
 
 
 @pytest.mark.parametrize("make", [lambda head: EagleDrafter(head),
+                                  lambda head: EagleDrafter(head, min_confidence=0.25),
                                   lambda head: EagleTreeDrafter(head, TreeConfig(budget=6, branching=2, depth=2, min_score=0.0))],
-                         ids=["chain", "tree"])
+                         ids=["chain", "chain-with-stop", "tree"])
 def test_sampled_eagle_runs_follow_the_targets_law_with_a_smaller_vocabulary(make):
     """Chi-square on the first two tokens (the first round drafts up to two) of a 6-token target; the head knows 4 of them."""
     target = tiny_lm(3, 6)
@@ -85,6 +100,10 @@ def test_sampled_eagle_runs_follow_the_targets_law_with_a_smaller_vocabulary(mak
     drafted = sum(len(r.draft_ids) for g in gens for r in g.rounds if r.position < 2)  # the rounds that settled the first two
     pvalue, bins = chi_square_pvalue(counts, joint_two(target, [1, 2, 4], sampling), draws)
     assert drafted > draws and bins >= 10  # the head drafted in most runs
+    if getattr(drafter, "min_confidence", 0.0):  # the stop decided some rounds: drafts of 1 and of 2 tokens both occur
+        lengths = Counter(len(r.draft_ids) for g in gens for r in g.rounds if r.draft_ids)
+        print(lengths, pvalue)  # -rP
+        assert lengths[1] > 50 and lengths[2] > 50, lengths
     assert pvalue > 1e-3, (pvalue, bins)
 
 

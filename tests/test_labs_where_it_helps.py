@@ -98,12 +98,17 @@ def test_the_shipped_qwen_benchmark_reads():
 
 
 ALL = ("spec-g2", "spec-g4", "spec-g8", "spec-adaptive", "ngram")
+EAGLE = ("eagle", "eagle-adaptive", "eagle-tree")
 
 
 @pytest.mark.parametrize("drafter,gamma,adaptive,methods,want", [
     ("model", 8, False, ALL, "spec-g8"), ("model", 5, False, ALL, "spec-g4"), ("model", 4, True, ALL, "spec-adaptive"),
     ("ngram", 4, False, ALL, "ngram"), ("model", 3, True, ("spec-g2", "spec-g4"), "spec-g4"),
     ("tree", 4, False, ALL + ("spec-tree",), "spec-tree"), ("tree", 8, False, ALL, "spec-g8"),
+    # a head chain is shown as the head's own method, not the draft model's of the same γ
+    ("eagle", 4, False, ALL + EAGLE, "eagle"), ("eagle", 6, False, ALL + EAGLE, "eagle"),
+    ("eagle", 4, True, ALL + EAGLE, "eagle-adaptive"), ("eagle-tree", 4, False, ALL + EAGLE, "eagle-tree"),
+    ("eagle", 8, False, ALL, "spec-g8"),
 ])
 def test_default_method_is_the_closest_to_the_sidebar(drafter, gamma, adaptive, methods, want):
     assert where_it_helps.default_method(methods, drafter, gamma, adaptive) == want

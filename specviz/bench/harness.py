@@ -96,6 +96,8 @@ METHODS: tuple[Method, ...] = (
            f"{HYBRID_THRESHOLD:g} accepted tokens, else the model drafter (γ=4); starts cold", "hybrid", 4),
     Method("eagle", "ours", "speculative, the pair's trained EAGLE-style head (one layer on the target's features), "
            "chain γ=4", "eagle", 4),
+    Method("eagle-adaptive", "ours", "speculative, the pair's trained EAGLE-style head, adaptive γ ≤ 16 (the head's "
+           "confidence stop + throughput switch)", "eagle", 16, adaptive=True),
     Method("eagle-tree", "ours", "speculative, the pair's trained EAGLE-style head, token tree (TreeConfig defaults), "
            "one target pass per tree (EAGLE-2)", "eagle-tree"),
 )
@@ -108,7 +110,7 @@ QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
 # --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 15 minutes on the 2-core CPU
 QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid",
-                 "eagle", "eagle-tree")
+                 "eagle", "eagle-adaptive", "eagle-tree")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 

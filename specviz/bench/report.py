@@ -132,7 +132,7 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         "step of the `target` run of the same repeat); expected = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the median "
         "α (checked), γ and c, which assumes a verify pass costs one target step; expected (measured verify) puts the "
         "verify pass's measured cost in target steps in place of that 1 (median over repeats). γ is the configured "
-        "draft length, or for `spec-adaptive` and `ngram` the mean number drafted per drafting round; for `spec-tree` the "
+        "draft length, or for `spec-adaptive`, `eagle-adaptive` and `ngram` the mean number drafted per drafting round; for `spec-tree` the "
         "drafted are all tree nodes, γ the mean nodes per tree and c the draft ms per node; the chain formula does not "
         "describe a tree, so its expected columns are blank: read its tokens per target call. These figures "
         "come from specviz.core.metrics.compare and are not observable for transformers' methods (blank).",

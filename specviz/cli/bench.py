@@ -23,7 +23,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="run everything (ours and transformers') on this device (default: cuda when present)")
     p.add_argument("--quick", action="store_true",
                    help="about 20 minutes on a 2-core CPU: greedy, code/list/story, 32 tokens, "
-                   "target/spec-g4/spec-adaptive/spec-tree/hf-plain/hf-assisted/ngram/suffix/hybrid/eagle/eagle-tree")
+                   "target/spec-g4/spec-adaptive/spec-tree/hf-plain/hf-assisted/ngram/suffix/hybrid/eagle/eagle-adaptive/eagle-tree")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per method, >= 3 (default 3); medians are shown")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per run (default 64; 32 with --quick)")
     p.add_argument("--workloads", default=None, help="comma-separated: code,json,list,copy,story,poem")
@@ -31,8 +31,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: greedy,sample (sample: T 0.7; default both, greedy with --quick)")
     p.add_argument("--methods", default=None,
                    help="comma-separated: target,spec-g2,spec-g4,spec-g8,spec-adaptive,spec-tree,hf-plain,"
-                   "hf-assisted,hf-lookup,ngram,suffix,hybrid,eagle,eagle-tree (target always runs: it is the baseline; "
-                   "eagle and eagle-tree need a pair that ships a head)")
+                   "hf-assisted,hf-lookup,ngram,suffix,hybrid,eagle,eagle-adaptive,eagle-tree (target always runs: it is "
+                   "the baseline; the eagle methods need a pair that ships a head)")
     p.add_argument("--out", default="benchmarks", help="output folder (default benchmarks/)")
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
     p.set_defaults(func=cmd_bench)

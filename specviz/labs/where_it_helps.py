@@ -248,8 +248,11 @@ def read_bench(path: Path) -> BenchFile:
 def default_method(methods: Sequence[str], drafter: str, gamma: int, adaptive: bool) -> str | None:
     """The benchmark method closest to the sidebar's settings (γ = 4 when nothing closer was measured)."""
     # a drafter whose rounds γ does not size (a tree, a lookup) has the bench's one method of its kind
-    wanted = [m for m in methods if m in METHODS_BY_NAME and METHODS_BY_NAME[m].drafter == drafter
-              and drafters.spec(drafter).length == "variable"]
+    mine = [METHODS_BY_NAME[m] for m in methods if m in METHODS_BY_NAME and METHODS_BY_NAME[m].drafter == drafter]
+    wanted = [m.name for m in mine if drafters.spec(drafter).length == "variable"]
+    # a chain drafter's own method: the same γ (or adaptive), else its γ = 4 (the head's `eagle` for a head chain of 6)
+    wanted += [m.name for m in mine if m.adaptive == adaptive and (adaptive or m.gamma == gamma)]
+    wanted += [m.name for m in mine if not adaptive and not m.adaptive and m.gamma == 4]
     wanted += ["spec-adaptive"] if adaptive else [f"spec-g{gamma}"]
     wanted += ["spec-g4"]
     return next((m for m in wanted if m in methods), methods[0] if methods else None)

@@ -66,10 +66,19 @@ class _HeadState:
 class _EagleSession(ChainDraftSession):
     features = (LAST_LAYER,)
 
-    def __init__(self, head: EagleHead, sampling: SamplingConfig, vocab_size: int) -> None:
+    def __init__(self, head: EagleHead, sampling: SamplingConfig, vocab_size: int, min_confidence: float,
+                 min_tokens: int) -> None:
         self.state = _HeadState(head, vocab_size)
         self.head = head
         self.sampling = sampling
+        self.min_confidence = min_confidence
+        self.min_tokens = min_tokens
+
+    def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
+        """The head's own belief in x: q(x) when sampling; when q is one-hot (greedy), its plain softmax at x, the top one."""
+        if not self.sampling.greedy:
+            return float(q[x])
+        return float(torch.softmax(logits.float(), dim=-1).max())
 
     def hear(self, kept: Kept) -> None:
         self.state.hear(kept)
@@ -84,10 +93,16 @@ class _EagleSession(ChainDraftSession):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for step in range(gamma):
-            q = self.head.vocab.q(self.head.logits(guessed)[0], self.sampling)  # (V,)
+            logits = self.head.logits(guessed)[0]  # (N,)
+            q = self.head.vocab.q(logits, self.sampling)  # (V,)
             x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
             tokens.append(x)
             rows.append(q)
+            # the confidence stop, as the model drafter's: the guesses after an unsure one are mostly rejected, and
+            # each costs a head step and a wider verify pass
+            unsure = self.min_confidence and self._confidence(logits, q, x) < self.min_confidence
+            if unsure and len(tokens) >= self.min_tokens:
+                break
             if step + 1 < gamma:  # the next pair: the guessed feature and the token just drafted
                 guessed = self.head(guessed, torch.tensor([x]), torch.tensor([first + step]), self.state.cache)
         return Draft(tuple(tokens), torch.stack(rows))
@@ -171,10 +186,12 @@ class EagleDrafter:
     """A one-layer head on the target's features drafts a chain of γ tokens over its reduced vocabulary."""
 
     head: EagleHead
+    min_confidence: float = 0.0  # stop drafting after a token the head itself rates below this (0 = never)
+    min_tokens: int = 1  # ...but never before this many tokens
     name: str = "eagle"
 
     def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> _EagleSession:
-        return _EagleSession(self.head, sampling, vocab_size)
+        return _EagleSession(self.head, sampling, vocab_size, self.min_confidence, self.min_tokens)
 
 
 @dataclass(frozen=True)
@@ -189,11 +206,15 @@ class EagleTreeDrafter:
         return _EagleTreeSession(self.head, self.config, sampling, vocab_size)
 
 
+# the head's confidence stop in adaptive runs (measured: README, "Why these defaults")
+EAGLE_MIN_CONFIDENCE = 0.5
+
+
 def from_parts(parts: Parts) -> EagleDrafter:
-    """The registry's "eagle" drafter: the pair's trained head, a chain."""
+    """The registry's "eagle" drafter: the pair's trained head, a chain, with the confidence stop when adaptive."""
     if parts.head is None:
         raise ValueError("the eagle drafter needs the pair's trained head")
-    return EagleDrafter(parts.head)
+    return EagleDrafter(parts.head, min_confidence=EAGLE_MIN_CONFIDENCE if parts.adaptive else 0.0)
 
 
 def tree_from_parts(parts: Parts) -> EagleTreeDrafter:
