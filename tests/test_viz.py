@@ -167,23 +167,27 @@ def test_trace_csv_and_json(rounds):
 
 def test_the_head_recipe_line_says_each_stage_and_each_guess_from_the_manifest():
     first = {"recipe": {"train": {"steps": 1100}}, "sha256": "ab" * 32}
-    man = {"recipe": {"record": {"prompts": 400}, "vocab": 32768, "train": {"steps": 600, "batch": 8, "window": 128,
+    man = {"recipe": {"record": {"prompts": 400, "chunk": 40}, "vocab": 32768, "train": {"steps": 600, "batch": 8, "window": 128,
                                                                               "seed": 0, "unroll": 3}},
            "counts": {"recorded_tokens": 82437, "text_tokens": 262144}, "started_from": first, "seconds": 3600,
            "bytes": 39_000_000, "sha256": "cd" * 32, "trained_on": {"machine": "2 CPU cores"},
            "held_out": {"sampled_acceptance": [0.49, 0.55], "greedy_agreement": [0.52, 0.6],
                         "by_guess": {"greedy_agreement": [[0.52, 0.6], [0.3, 0.5], [0.1, 0.45]]}}}
     line = watch_view.head_recipe_line(man)
-    assert "82,437 tokens of the target's own continuations of 400 prompts and 262,144 tokens of code" in line
+    assert ("82,437 tokens of the target's own continuations of 360 prompts (400 recorded: 40 held out to score it) "
+            "and 262,144 tokens of code") in line
     assert "1100 steps on the target's real notes (head abababababab…), then 600 steps of 8×128 positions" in line
     assert "60 min for the second stage on 2 CPU cores" in line
     assert "guessing 3 tokens ahead" in line and "60% / 50% / 45%" in line and "sampled acceptance was 0.55" in line
     third = {**man, "started_from": {**man, "sha256": "ef" * 32, "seconds": 1800}, "seconds": 2400}
     third["recipe"] = {**man["recipe"], "also_record": [{"prompts": 600, "seed": 1}]}
+    third["counts"] = {**man["counts"], "left_out_sequences": 17}
     line = watch_view.head_recipe_line(third)
     assert ("1100 steps on the target's real notes (head abababababab…), then 600 steps guessing 3 tokens ahead "
             "(head efefefefefef…), then 600 steps of 8×128 positions") in line
-    assert "of 1,000 prompts" in line and "40 min for the third stage" in line
+    assert "of 943 prompts (1,000 recorded: 40 held out to score it, 17 left out because they open a held-out one)" in line
+    assert "40 min for the third stage" in line
+    assert "of 400 prompts and" in watch_view.head_recipe_line({**man, "recipe": {**man["recipe"], "record": {"prompts": 400}}})
     old = {k: v for k, v in man.items() if k != "started_from"}
     old["held_out"] = {"sampled_acceptance": [0.0, 0.49], "greedy_agreement": [0.0, 0.53]}
     old["recipe"] = {**man["recipe"], "train": {"steps": 1100, "batch": 8, "window": 128, "seed": 0}}

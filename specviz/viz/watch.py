@@ -218,6 +218,22 @@ def _earlier_stage(start: Mapping[str, Any]) -> str:
     return f"{train.get('steps', '?')} steps {how} (head {str(start.get('sha256', ''))[:12]}…)"
 
 
+def _trained_prompts(rec: Mapping[str, Any], counts: Mapping[str, Any]) -> str:
+    """The prompts trained on, beside all recorded: the first recording's last chunk is held out to score the head, and
+    a further recording's prompts that open a held-out one are left out (the token count excludes both)."""
+    records = [rec.get("record", {}), *rec.get("also_record", [])]
+    if not all("prompts" in r for r in records):
+        return "? prompts"
+    total = sum(int(r["prompts"]) for r in records)
+    first, chunk = int(records[0]["prompts"]), int(records[0].get("chunk") or 0)
+    if chunk <= 0:  # an older manifest without the chunk size: the held-out part is not known
+        return f"{total:,} prompts"
+    held = first - (-(-first // chunk) - 1) * chunk  # the last chunk's prompts
+    left = int(counts.get("left_out_sequences", 0))
+    why = f"{held:,} held out to score it" + (f", {left:,} left out because they open a held-out one" if left else "")
+    return f"{total - held - left:,} prompts ({total:,} recorded: {why})"
+
+
 def head_recipe_line(man: Mapping[str, Any]) -> str:
     """How the shipped head was trained, from its manifest (numbers only: no model text)."""
     rec, train = man.get("recipe", {}), man.get("recipe", {}).get("train", {})
@@ -237,8 +253,7 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
         scored = ""
     text = f" and {counts['text_tokens']:,} tokens of code it read" if counts.get("text_tokens") else ""
     unroll = train.get("unroll", 1)
-    records = [rec.get("record", {}), *rec.get("also_record", [])]
-    prompts = (f"{sum(r.get('prompts', 0) for r in records):,}" if all("prompts" in r for r in records) else "?")
+    prompts = _trained_prompts(rec, counts)
     steps = (f"{train.get('steps', '?')} steps of {train.get('batch', '?')}×{train.get('window', '?')} positions"
              + (f", each guessing {unroll} tokens ahead on its own guesses (EAGLE-3's training-time test)" if unroll > 1 else ""))
     earlier = start_heads(man)
@@ -246,7 +261,7 @@ def head_recipe_line(man: Mapping[str, Any]) -> str:
         steps = ", then ".join([*(_earlier_stage(m) for m in earlier), steps])
     stage = {1: "second", 2: "third"}.get(len(earlier), f"{len(earlier) + 1}th")
     return (f"How this head was trained: {counts.get('recorded_tokens', 0):,} tokens of the target's own continuations "
-            f"of {prompts} prompts{text}, {steps}, seed {train.get('seed', '?')}, "
+            f"of {prompts}{text}, {steps}, seed {train.get('seed', '?')}, "
             f"{man.get('seconds', 0) / 60:.0f} min{f' for the {stage} stage' if earlier else ''} on "
             f"{man.get('trained_on', {}).get('machine', 'this machine')}; a "
             f"draft vocabulary of {rec.get('vocab', '?'):,} ids; {man.get('bytes', 0) / 1e6:.0f} MB, sha256 "
