@@ -1,5 +1,7 @@
 """Greedy speculative output is token-identical to target-only greedy on the real packaged pairs."""
 
+from dataclasses import replace
+
 import pytest
 
 from specviz.core.progress import drain
@@ -63,8 +65,10 @@ def test_smollm2_ngram_drafter_identity(smollm, smollm_baselines):
     _check_identity(smollm, smollm_baselines, "code", 4, NgramDrafter())
 
 
+ADAPTIVE_CEILING = 16  # the bench's eagle-adaptive: the head's confidence stop and the throughput switch under γ ≤ 16
 QWEN_RUNS = [(name, gamma, "model") for name in PROMPTS for gamma in (1, 4, 8)] + [
-    (name, 4, kind) for name in PROMPTS for kind in ("eagle", "eagle-tree")]
+    (name, 4, kind) for name in PROMPTS for kind in ("eagle", "eagle-tree")] + [
+    (name, ADAPTIVE_CEILING, "eagle-adaptive") for name in PROMPTS]
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +90,13 @@ def qwen_runs(qwen_pair):
         if kind != "model" and qwen_pair.head is None:
             continue  # the head's own tests say why it is missing; the draft model's runs are checked all the same
         ids = qwen_pair.tokenizer(PROMPTS[name])["input_ids"]
+        adaptive = kind == "eagle-adaptive"
         made = (ModelDrafter(qwen_pair.draft) if kind == "model"
-                else drafters.build(kind, target=qwen_pair.target, head=qwen_pair.head))
+                else drafters.build("eagle" if adaptive else kind, target=qwen_pair.target, head=qwen_pair.head,
+                                    adaptive=adaptive))
         keys.append((name, gamma, kind))
-        programs.append(speculative_program(qwen_pair.target, made, qwen_pair.tokenizer, ids, _config(gamma)))
+        programs.append(speculative_program(qwen_pair.target, made, qwen_pair.tokenizer, ids,
+                                            replace(_config(gamma), adaptive=adaptive)))
     gens, _, _ = run_together(programs, qwen_pair.target)
     return dict(zip(keys, gens))
 
@@ -191,11 +198,15 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle", "eagle-tree"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle-tree", "eagle-adaptive"])
 @pytest.mark.parametrize("prompt_name", PROMPTS)
 def test_qwen_coder_head_greedy_identity(qwen_pair, qwen_runs, prompt_name, kind):
     assert qwen_pair.head is not None, qwen_pair.head_problem  # the pair ships a checked head
-    _check_run(qwen_runs, prompt_name, 4, kind)
+    _check_run(qwen_runs, prompt_name, ADAPTIVE_CEILING if kind == "eagle-adaptive" else 4, kind)
+    if kind == "eagle-adaptive":  # the stop decided rounds: many drafts end short of γ = 4 (only a run's last round
+        # or two are cut by the tokens left)
+        drafted = [len(r.draft_ids) for r in qwen_runs[prompt_name, ADAPTIVE_CEILING, kind].rounds if r.draft_ids]
+        assert sum(n < 4 for n in drafted) >= 3, drafted
 
 
 @pytest.mark.real
