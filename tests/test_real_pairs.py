@@ -74,9 +74,10 @@ QWEN_RUNS = [(name, gamma, "model") for name in PROMPTS for gamma in (1, 4, 8)] 
 @pytest.fixture(scope="module")
 def qwen_runs(qwen_pair):
     """Every greedy qwen-coder run checked below, and the target alone on each prompt, through the batched executor
-    together, as a class's runs go: the draft model's chains at γ 1, 4 and 8 and the trained head's chain and tree at
-    γ 4, on both prompts. What shares a pass does not change a run's tokens (tests/test_serve.py, on this pair too), and
-    the 14 runs sharing their passes took a fraction of the 123 s they took one after another on a 2-core Xeon."""
+    together, as a class's runs go: the draft model's chains at γ 1, 4 and 8, the trained head's chain and tree at γ 4
+    and its adaptive chain (γ ≤ 16), on both prompts. What shares a pass does not change a run's tokens
+    (tests/test_serve.py, on this pair too), and the 14 runs before the adaptive chain joined, sharing their passes,
+    took a fraction of the 123 s they took one after another on a 2-core Xeon."""
     from specviz.core import drafters
     from specviz.core.engine import autoregressive_program, speculative_program
     from specviz.serve.batch import run_together
