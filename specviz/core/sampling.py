@@ -183,6 +183,15 @@ def acceptance_rule(rule: RuleName, k: int = 3) -> AcceptRule:
     raise ValueError(f"unknown rule {rule!r}")
 
 
+def draft_confidence(q: torch.Tensor, x: int, sampling: SamplingConfig, logits: torch.Tensor, row: int) -> float:
+    """A drafter's own belief in the token x it drew: q(x) when sampling; when q is one-hot (greedy), the plain
+    softmax of its logits at x's row (`row`: where x sits in those logits). The confidence stop of adaptive chains
+    reads it, as transformers' assistant_confidence_threshold does."""
+    if not sampling.greedy:
+        return float(q[x])
+    return float(torch.softmax(logits, dim=-1)[row])
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one id from a (V,) distribution.
 

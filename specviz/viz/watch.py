@@ -228,7 +228,7 @@ def _trained_prompts(rec: Mapping[str, Any], counts: Mapping[str, Any]) -> str:
     first, chunk = int(records[0]["prompts"]), int(records[0].get("chunk") or 0)
     if chunk <= 0:  # an older manifest without the chunk size: the held-out part is not known
         return f"{total:,} prompts"
-    held = first - (-(-first // chunk) - 1) * chunk  # the last chunk's prompts
+    held = (first - 1) % chunk + 1  # the last chunk's prompts (the trainer holds out chunk RecordConfig.chunks - 1)
     left = int(counts.get("left_out_sequences", 0))
     why = f"{held:,} held out to score it" + (f", {left:,} left out because they open a held-out one" if left else "")
     return f"{total - held - left:,} prompts ({total:,} recorded: {why})"

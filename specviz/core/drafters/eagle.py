@@ -21,7 +21,7 @@ from specviz.core.drafters import Parts
 from specviz.core.drafters.tree import TreeConfig, TreeSession, _Cand
 from specviz.core.head import EagleHead
 from specviz.core.rounds import ChainDraftSession, Draft, Kept, Steps
-from specviz.core.sampling import SamplingConfig, sample_from
+from specviz.core.sampling import SamplingConfig, draft_confidence, sample_from
 from specviz.core.tree_rule import DraftTree
 
 LAST_LAYER = -1  # transformers' hidden_states[-1]: the last layer's output after the final norm (what the target's head reads)
@@ -74,12 +74,6 @@ class _EagleSession(ChainDraftSession):
         self.min_confidence = min_confidence
         self.min_tokens = min_tokens
 
-    def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
-        """The head's own belief in x: q(x) when sampling; when q is one-hot (greedy), its plain softmax at x, the top one."""
-        if not self.sampling.greedy:
-            return float(q[x])
-        return float(torch.softmax(logits.float(), dim=-1).max())
-
     def hear(self, kept: Kept) -> None:
         self.state.hear(kept)
 
@@ -100,7 +94,9 @@ class _EagleSession(ChainDraftSession):
             rows.append(q)
             # the confidence stop, as the model drafter's: the guesses after an unsure one are mostly rejected, and
             # each costs a head step and a wider verify pass
-            unsure = self.min_confidence and self._confidence(logits, q, x) < self.min_confidence
+            # (greedy: x is the head's top id, at its logits' argmax row)
+            unsure = self.min_confidence and draft_confidence(
+                q, x, self.sampling, logits.float(), int(logits.argmax())) < self.min_confidence
             if unsure and len(tokens) >= self.min_tokens:
                 break
             if step + 1 < gamma:  # the next pair: the guessed feature and the token just drafted

@@ -11,7 +11,7 @@ import torch
 from specviz.core.drafters import Parts
 from specviz.core.kv import CachedLM
 from specviz.core.rounds import ChainDraftSession, Draft, Steps
-from specviz.core.sampling import SamplingConfig, draft_q, sample_from
+from specviz.core.sampling import SamplingConfig, draft_confidence, draft_q, sample_from
 
 
 class QMemo(Protocol):
@@ -43,12 +43,6 @@ class _ModelDraftSession(ChainDraftSession):
         logits = (yield self.lm.feed(seq, 1)).logits[0]  # type: ignore[union-attr]  # (V_draft,)
         return draft_q(logits, self.sampling, self.vocab_size), logits
 
-    def _confidence(self, logits: torch.Tensor, q: torch.Tensor, x: int) -> float:
-        """The draft's own belief in x: q(x) when sampling; softmax(logits)(x) when q is one-hot."""
-        if not self.sampling.greedy:
-            return float(q[x])
-        return float(torch.softmax(logits, dim=-1)[x])
-
     def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
         seq = list(ids)
         rows: list[torch.Tensor] = []
@@ -59,7 +53,8 @@ class _ModelDraftSession(ChainDraftSession):
             seq.append(x)
             # like transformers' assistant_confidence_threshold: an unsure draft stops after this token,
             # since the tokens after it would most likely be rejected anyway
-            unsure = self.min_confidence and logits is not None and self._confidence(logits, q, x) < self.min_confidence
+            unsure = (self.min_confidence and logits is not None
+                      and draft_confidence(q, x, self.sampling, logits, x) < self.min_confidence)
             if unsure and len(rows) >= self.min_tokens:
                 break
         q_all = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)  # (k, V)
