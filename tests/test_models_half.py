@@ -16,41 +16,71 @@ from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.models import half, load_pair
+from specviz.models import half, load_pair, rowgemm
 
-pytestmark = pytest.mark.skipif(not half.half_works(), reason="no fbgemm fp16 kernels on this CPU (fp16w is refused there)")
+pytestmark = pytest.mark.skipif(not half.half_works(), reason="no fp16-weight kernel on this CPU (fp16w is refused there)")
+needs_fbgemm = pytest.mark.skipif(not half.fbgemm_works(), reason="no fbgemm fp16 kernels on this CPU")
+# each kernel this machine has: rowgemm (built here), fbgemm (None: padded to agreeing row counts)
+KERNELS = [pytest.param(k, id=name) for k, name in ((rowgemm.kernel(), "rowgemm"), (None, "fbgemm"))
+           if (k is not None if name == "rowgemm" else half.fbgemm_works())]
 
 
-def _layer(n_in: int, n_out: int, bias: bool = True, seed: int = 0) -> tuple[half.HalfLinear, torch.Tensor, torch.Tensor | None]:
+def _layer(n_in: int, n_out: int, bias: bool = True, seed: int = 0,
+           kernel: rowgemm.Kernel | None | str = "chosen") -> tuple[half.HalfLinear, torch.Tensor, torch.Tensor | None]:
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n_out, n_in, generator=gen) * 0.05
     b = torch.nn.Parameter(torch.randn(n_out, generator=gen), requires_grad=False) if bias else None
-    return half.HalfLinear(w, b), w, b
+    return half.HalfLinear(w, b, kernel=kernel), w, b
 
 
-def test_values_are_fp32_arithmetic_on_fp16_rounded_weights() -> None:
-    layer, w, b = _layer(96, 80)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_values_are_fp32_arithmetic_on_fp16_rounded_weights(kernel) -> None:
+    layer, w, b = _layer(96, 80, kernel=kernel)
     x = torch.randn(2, 7, 96)
     with torch.no_grad():
         expected = torch.nn.functional.linear(x.double(), w.half().double(), b.double()).float()
         assert torch.allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
         assert layer(x).shape == (2, 7, 80) and layer(x).dtype == torch.float32
         assert torch.equal(layer.unpacked_weight(), w.half().float())  # what the twin and copies start from
+        ids = torch.tensor([0, 3, 63, 64, 79])  # across a panel's edge
+        assert torch.equal(layer.rows(ids), w.half().float()[ids])
 
 
-def test_every_pass_size_gives_each_row_the_same_bits() -> None:
-    # the raw kernel does not: some row counts are built by other kernels (the reason for the padding)
-    layer, _, _ = _layer(256, 512, seed=1)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_pass_size_gives_each_row_the_same_bits(kernel) -> None:
+    layer, _, _ = _layer(256, 520, seed=1, kernel=kernel)  # 520: a last panel of rowgemm's only partly filled
     x = torch.randn(64, 256)
     with torch.no_grad():
         alone = torch.cat([layer(x[i : i + 1]) for i in range(64)])
         for n in range(1, 64):
             for start in (0, 64 - n):
                 assert torch.equal(layer(x[start : start + n]), alone[start : start + n]), (n, start)
+
+
+@needs_fbgemm
+def test_fbgemms_raw_kernel_needs_the_padding() -> None:
+    """fbgemm builds some row counts with other kernels: without the padding a row alone and in 64 may differ here."""
+    layer, _, _ = _layer(256, 512, seed=1, kernel=None)
+    x = torch.randn(64, 256)
+    with torch.no_grad():
         raw = [torch.ops.quantized.linear_dynamic_fp16(x[:n], layer.pieces[0]) for n in (1, 64)]
     assert not torch.equal(raw[0][0], raw[1][0]) or half.padded_rows(1) == 1  # the padding is not for show here
 
 
+def test_rowgemm_and_fbgemm_give_the_same_values_where_both_run() -> None:
+    """Both compute fp32 sums of products with the same fp16 weights: equal to fp64 within float noise (and, on the CPUs
+    measured here, bit for bit: both run one FMA chain per output in k order)."""
+    if len(KERNELS) < 2:
+        pytest.skip("only one fp16-weight kernel on this machine")
+    gen = torch.Generator().manual_seed(4)
+    w, x = torch.randn(300, 1536, generator=gen) * 0.02, torch.randn(7, 1536, generator=gen)
+    with torch.no_grad():
+        a = half.HalfLinear(w, None, kernel=rowgemm.kernel())(x)
+        b = half.HalfLinear(w, None, kernel=None)(x)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@needs_fbgemm
 def test_padding_picks_the_smallest_agreeing_count() -> None:
     good = half.agreeing_rows()
     assert good == tuple(sorted(good)) and half.padded_rows(1) == good[0] <= 8
@@ -59,14 +89,15 @@ def test_padding_picks_the_smallest_agreeing_count() -> None:
     assert half.padded_rows(10_000) == 10_000  # beyond the probe: a long prompt's prefill, the same shape in both runs
 
 
+@needs_fbgemm
 def test_a_big_matrix_is_packed_in_row_blocks_with_the_same_result() -> None:
     gen = torch.Generator().manual_seed(2)
     w = torch.randn(700, 64, generator=gen)
     x = torch.randn(5, 64, generator=gen)
-    whole = half.HalfLinear(w, None)
+    whole = half.HalfLinear(w, None, kernel=None)
     old, half._PIECE = half._PIECE, 64 * 128  # blocks of 128 rows of the weight
     try:
-        split = half.HalfLinear(w, None)
+        split = half.HalfLinear(w, None, kernel=None)
     finally:
         half._PIECE = old
     assert len(split.pieces) == 6 and len(whole.pieces) == 1
@@ -156,9 +187,11 @@ def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_
     assert first_peak <= 4.5e9 and later_peak <= 4.5e9 and size <= 5.5e9, figures
 
 
+@needs_fbgemm
 def test_a_model_whose_layers_are_not_row_invariant_is_caught(monkeypatch) -> None:
     if half.padded_rows(1) == 1 and half.padded_rows(2) == 2:
         pytest.skip("fbgemm builds 1 and 2 rows like any other count on this CPU: nothing to catch")
+    monkeypatch.setattr(half, "fp16_kernel", lambda: None)  # this check is of fbgemm's padding
     pair = load_pair("tiny-random", target_precision="fp16w")
     assert half.rows_agree(pair.target)
     monkeypatch.setattr(half, "padded_rows", lambda n: n)  # no padding: fbgemm's odd kernels for 1, 2, 7, ... rows show
@@ -177,6 +210,7 @@ def test_the_cache_check_takes_fbgemms_fp16_values_and_catches_one_value_a_step_
     assert not half.is_nearest_fp16(values[1:], weight[:-1] * 1.01)  # another weight
 
 
+@needs_fbgemm
 def test_the_cache_writers_fp16_values_are_fbgemms_own_bit_for_bit() -> None:
     """The cache stores `fp16_values` (a clamp, then round to nearest even) instead of packing every weight with fbgemm
     and reading it back; the two must agree on every bit: normal values, exact ties between fp16 neighbours, subnormals

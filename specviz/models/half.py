@@ -1,24 +1,33 @@
 """fp16 weights with fp32 arithmetic on a CPU: half the target's memory and a faster step, with each row the same bits at any pass size.
 
 Why: a step of a 1.5B target on a CPU is bound by reading its weights, so storing them in half
-precision halves both its memory and most of its time. fbgemm (torch's `quantized.linear_dynamic_fp16`)
-keeps the weights in fp16 and widens them to fp32 inside the kernel: the activations, the sums and
-everything outside the linears stay fp32. Unlike bf16 or dynamic int8 arithmetic, each row is then
-computed independently of the others, except that fbgemm handles some row counts with differently
-built kernels (on the CPUs measured here 1, 2, 7, 14, 31, 32, ... rows give other last bits). So each
-call is padded with zero rows to the next row count measured to agree (`padded_rows`): a one-token
-step and a verify pass then give a token the same logits, and the promise that greedy speculative
-output equals the target's own holds. Where the kernel is missing or no row count agrees, the
-precision is refused (`half_works`), never used silently.
+precision halves both its memory and most of its time. The weights stay fp16 and are widened to fp32
+inside the kernel: the activations, the sums and everything outside the linears stay fp32. Unlike bf16
+or dynamic int8 arithmetic, each row is then computed independently of the others. Two kernels do it:
+
+- rowgemm (models.rowgemm, our own, built here at first use): reads the weights once for all rows of a
+  pass, on every core, and computes each output as one FMA chain in k order, so a row's bits never depend
+  on the pass size, by construction;
+- fbgemm (torch's `quantized.linear_dynamic_fp16`), which builds some row counts with other kernels (on
+  the CPUs measured here 1, 2, 7, 14, 31, 32, ... rows give other last bits): each call is padded with zero
+  rows to the next row count measured to agree (`padded_rows`).
+
+`fp16_kernel` picks one per process by timing both on this machine (rowgemm unless fbgemm is clearly
+faster; fbgemm where rowgemm cannot be built). Either way a one-token step and a verify pass give a token
+the same logits, and the promise that greedy speculative output equals the target's own holds. Where
+neither works, the precision is refused (`half_works`), never used silently.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import os
+import time
 
 import torch
 
+from specviz.models import rowgemm
 from specviz.models.packed import _rows_agree, layers_of, plain_linear, replace_each
 
 _PROBE_MAX_ROWS = 512  # every pass a step, a chain, a tree or a prompt of up to 512 tokens makes is padded to agree
@@ -60,10 +69,75 @@ def agreeing_rows() -> tuple[int, ...]:
         return ()
 
 
-def half_works() -> bool:
-    """Whether fp16-weight linears run here and some small row counts agree (so padding keeps rows invariant)."""
+def fbgemm_works() -> bool:
+    """Whether fbgemm's fp16-weight linears run here and some small row counts agree (so padding keeps rows invariant)."""
     good = agreeing_rows()
     return bool(good) and good[0] <= 8
+
+
+def half_works() -> bool:
+    """Whether fp16-weight linears run here with each row's bits independent of the pass: rowgemm, or padded fbgemm."""
+    return fp16_kernel() is not None or fbgemm_works()
+
+
+_KERNEL_ENV = "SPECVIZ_FP16_KERNEL"  # auto (measure), rowgemm or fbgemm: the operator's override, e.g. to compare
+_CLEAR_WIN = 0.8  # fbgemm must be this much faster than rowgemm to be kept: rowgemm is invariant by construction
+_PROBE_SHAPE = (1536, 8960)  # (in, out): the 1.5B target's MLP up-projection
+_PROBE_COPIES = 3  # distinct matrices timed in turn: 82 MB of fp16, more than a CPU's last-level cache holds
+
+
+@functools.lru_cache(maxsize=1)
+def fp16_kernel() -> rowgemm.Kernel | None:
+    """The rowgemm kernel where it is built, checked and not clearly slower than fbgemm here; None: fbgemm.
+
+    Timed on matrices of the target's MLP shape, more of them than a cache holds (a step streams its weights
+    from memory), over 1 and 5 rows (a step and a chain's verify pass), turn about so a busy CPU slows both alike.
+    """
+    choice = os.environ.get(_KERNEL_ENV, "auto").strip().lower()
+    kern = None if choice == "fbgemm" else rowgemm.kernel()
+    if kern is None or choice == "rowgemm" or not fbgemm_works():
+        return kern
+    fbgemm_ms, rowgemm_ms = kernel_timings(kern)
+    return kern if fbgemm_ms >= _CLEAR_WIN * rowgemm_ms else None
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_timings(kern: rowgemm.Kernel) -> tuple[float, float]:
+    """(fbgemm, rowgemm) ms of one row plus five rows through _PROBE_COPIES matrices of _PROBE_SHAPE, best of 5."""
+    gen = torch.Generator().manual_seed(0)
+    n_in, n_out = _PROBE_SHAPE
+    with torch.no_grad():
+        weights = [torch.randn(n_out, n_in, generator=gen).mul_(0.02).half() for _ in range(_PROBE_COPIES)]
+        fb = [[_prepack(w[i : i + _piece_rows(n_in)]) for i in range(0, n_out, _piece_rows(n_in))] for w in weights]
+        rg = [rowgemm.pack(w, kern.cols) for w in weights]
+        del weights
+        xs = [torch.randn(m, n_in, generator=gen) for m in (1, 5)]
+
+        def run_fbgemm() -> None:
+            for x in xs:
+                for pieces in fb:
+                    for p in pieces:
+                        _run(torch.cat([x, x.new_zeros(padded_rows(len(x)) - len(x), n_in)]), p)
+
+        def run_rowgemm() -> None:
+            for x in xs:
+                for panels in rg:
+                    kern.linear(x, panels, n_out, None)
+
+        best = [float("inf"), float("inf")]
+        run_fbgemm(), run_rowgemm()
+        for _ in range(5):
+            for i, fn in enumerate((run_fbgemm, run_rowgemm)):
+                t = time.perf_counter()
+                fn()
+                best[i] = min(best[i], (time.perf_counter() - t) * 1000.0)
+    return best[0], best[1]
+
+
+def kernel_name() -> str:
+    """Which kernel the fp16-weight linears of this process use, for the page and --json: "rowgemm (avx512)" or "fbgemm"."""
+    kern = fp16_kernel()
+    return f"rowgemm ({kern.isa})" if kern is not None else "fbgemm" if fbgemm_works() else "none"
 
 
 def padded_rows(n: int) -> int:
@@ -74,15 +148,20 @@ def padded_rows(n: int) -> int:
 
 
 class HalfLinear(torch.nn.Module):
-    """An nn.Linear whose weight is held in fp16 by fbgemm; input, bias and output stay fp32, rows padded to agree."""
+    """An nn.Linear whose weight is held in fp16 (rowgemm's panels, or fbgemm's packed blocks with rows padded to
+    agree); input, bias and output stay fp32."""
 
     dtype = torch.float32  # of its inputs and outputs (what a caller feeds it)
 
-    def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0, out_features: int = 0) -> None:
+    def __init__(self, weight: torch.Tensor | None, bias: torch.nn.Parameter | None, in_features: int = 0,
+                 out_features: int = 0, kernel: rowgemm.Kernel | None | str = "chosen") -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape if weight is not None else (out_features, in_features)
         self.bias = bias  # the model's own parameter: filled by a streaming load, shared with nothing else
-        self.pieces: list[object] = []
+        # the process's choice unless a test or a comparison names one (None: fbgemm)
+        self.kernel = fp16_kernel() if kernel == "chosen" else kernel
+        self.pieces: list[object] = []  # fbgemm's packed row blocks
+        self.panels: torch.Tensor | None = None  # rowgemm's (ceil(out/64), in, 64) fp16 panels
         if weight is not None:
             self.load(weight)
 
@@ -90,11 +169,18 @@ class HalfLinear(torch.nn.Module):
         """Pack a weight (any float dtype), row block by row block."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight {tuple(weight.shape)} does not fit a {self.in_features}->{self.out_features} layer")
+        if self.kernel is not None:
+            self.panels = rowgemm.pack(fp16_values(weight) if weight.dtype != torch.float16 else weight, self.kernel.cols)
+            return
         step = _piece_rows(self.in_features)
         self.pieces = [_prepack(weight[i : i + step]) for i in range(0, self.out_features, step)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
+        if self.panels is not None:  # one call, every core, no padding: each row's chain is its own
+            y = self.kernel.linear(rows.contiguous(), self.panels, self.out_features,
+                                   None if self.bias is None else self.bias.detach())
+            return y.reshape(*x.shape[:-1], self.out_features)
         n = rows.shape[0]
         m = padded_rows(n)
         if m > n:  # zero rows: only so that fbgemm builds these rows with the same kernels as any other pass
@@ -107,10 +193,15 @@ class HalfLinear(torch.nn.Module):
 
     def unpacked_weight(self) -> torch.Tensor:
         """The weight in fp32 (a new tensor, fp16-exact values): for copies such as the int8 twin."""
+        if self.panels is not None:
+            return rowgemm.unpack(self.panels, self.out_features).float()
         return torch.cat([torch.ops.quantized.linear_unpack_fp16(p)[0] for p in self.pieces])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Some rows of the weight in fp32 (ascending ids), one piece unpacked at a time: no full fp32 copy."""
+        if self.panels is not None:
+            cols = self.panels.shape[-1]
+            return self.panels[ids // cols, :, ids % cols].float()  # (len(ids), in)
         out, start = [], 0
         for p in self.pieces:
             w = torch.ops.quantized.linear_unpack_fp16(p)[0]
@@ -126,7 +217,7 @@ class HalfLinear(torch.nn.Module):
         """A copy sharing the packed pieces (read-only) and what `memo` maps; the bias is copied unless shared."""
         new = HalfLinear(None, None, self.in_features, self.out_features)
         memo[id(self)] = new
-        new.pieces = self.pieces
+        new.kernel, new.pieces, new.panels = self.kernel, self.pieces, self.panels
         if self.bias is not None:
             shared = memo.get(id(self.bias))
             new.bias = shared if shared is not None else torch.nn.Parameter(self.bias.detach().clone(), requires_grad=False)
@@ -136,7 +227,8 @@ class HalfLinear(torch.nn.Module):
         return self.out_features * self.in_features * 2
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp16 weights"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fp16 weights ({'rowgemm' if self.panels is not None else 'fbgemm'})")
 
 
 def fp16_values(weight: torch.Tensor) -> torch.Tensor:
@@ -208,7 +300,15 @@ def half_bytes(model: torch.nn.Module) -> int:
 
 
 def describe(n: int) -> str:
-    """One line for the precision note: the target's kernels and the row counts they pad to."""
+    """One line for the precision note: the target's kernel, why, and (fbgemm) the row counts it pads to."""
+    kern = fp16_kernel()
+    if kern is not None:
+        timed = ""
+        if fbgemm_works() and os.environ.get(_KERNEL_ENV, "auto").strip().lower() == "auto":
+            fb, rg = kernel_timings(kern)
+            timed = f"; 1 + 5 rows of the MLP shape: rowgemm {rg:.2f} ms, fbgemm {fb:.2f} ms"
+        return (f"target linears in fp16 weights with fp32 arithmetic ({n}; rowgemm {kern.isa}: weights read once for "
+                f"all rows, each row the same bits at any pass size by construction{timed})")
     good = agreeing_rows()
     return (f"target linears in fp16 weights with fp32 arithmetic ({n}; fbgemm; passes padded to row counts that "
             f"agree here, e.g. 1 row -> {padded_rows(1)})") if good else "fp16-weight kernels unavailable here"
