@@ -18,7 +18,7 @@ from specviz import models
 from specviz.models import base
 from specviz.models import cache, cached, catalogue, fetch, locate, stream
 from specviz.models.catalogue import GgufPart, GgufSource
-from specviz.models import tiny
+from specviz.models import int8w, tiny
 from specviz.models.packed import pack_linears, unpack_linears
 from specviz.models import (
     DEFAULT_PAIR,
@@ -180,12 +180,16 @@ def test_tiny_random_draft_agrees_often_not_always() -> None:
     assert 0.5 <= mean <= 0.8, rates
 
 
+# an int8 draft's layers: rowgemm's int8 weights with fp32 activations where the kernel is built here, else fbgemm's
+INT8_LAYERS = (torch.ao.nn.quantized.dynamic.Linear, int8w.Int8WLinear)
+
+
 def test_int8_draft_leaves_target_unchanged() -> None:
     ids = list(b"def f(x): return x")
     reference = logits(load_pair("tiny-random", "fp32").target, ids)
     pair = load_pair("tiny-random", "int8")
     assert pair.draft_precision == "int8"
-    assert isinstance(pair.draft.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(pair.draft.lm_head, INT8_LAYERS)
     logits(pair.draft, ids)  # run the quantized draft first
     assert torch.equal(logits(pair.target, ids), reference)
     assert not torch.equal(logits(pair.draft, ids), reference)
@@ -227,7 +231,7 @@ def test_int8_with_tied_head_keeps_embeddings(tmp_path: Path) -> None:
     reference = logits(model, ids)
     folder = tmp_path / "tied"
     pair = load_pair(f"hf:{folder},{folder}", draft_precision="int8", device="cpu")
-    assert isinstance(pair.draft.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(pair.draft.lm_head, INT8_LAYERS)
     assert torch.equal(pair.draft.model.embed_tokens.weight, model.model.embed_tokens.weight)
     assert torch.equal(pair.target.model.embed_tokens.weight, model.model.embed_tokens.weight)
     logits(pair.draft, ids)

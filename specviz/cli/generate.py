@@ -162,6 +162,8 @@ def run_dict(args: argparse.Namespace, pair_name: str, pair: Any, tree: TreeConf
         "draft_precision": getattr(pair, "draft_precision", None),
         "target_precision": getattr(pair, "target_precision", None),
         "precision_reason": getattr(pair, "precision_reason", None),
+        "target_kernel": getattr(pair, "target_kernel", None),
+        "draft_kernel": getattr(pair, "draft_kernel", None),
         "bit_exact": getattr(pair, "bit_exact", None),
         "device": str(getattr(pair, "device", "cpu")),
         "temperature": args.temperature,
@@ -204,7 +206,8 @@ def print_human(res: dict[str, Any]) -> None:
         print_baseline(res)
     if res.get("target_precision"):
         print(f"precision: target {res['target_precision']}, draft {res['draft_precision']}"
-              + ("" if res.get("bit_exact") else " (target not bit-exact here)"))
+              + ("" if res.get("bit_exact") else " (target not bit-exact here)")
+              + (f"; kernels: target {res['target_kernel']}, draft {res['draft_kernel']}" if res.get("target_kernel") else ""))
 
 
 def round_line(r: dict[str, Any]) -> str:

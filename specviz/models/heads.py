@@ -96,6 +96,23 @@ def read(pair_name: str, target: nn.Module,
     return {k: v.float() for k, v in tensors.items()}, vocab, man
 
 
+def vocabulary(pair_name: str, vocab_size: int, folder: Path | None = None) -> Any:
+    """The draft vocabulary the pair's shipped head file holds (a DraftVocab over `vocab_size`), for the draft
+    model's reduced output layer; None where the pair ships no head, or its file is missing, damaged or made for
+    another vocabulary (the draft then keeps its whole output layer)."""
+    from safetensors import safe_open
+
+    from specviz.core.draft_vocab import DraftVocab
+
+    weights, _ = paths(pair_name, folder)
+    man = manifest(pair_name, folder)
+    if man is None or not weights.exists() or sha256(weights) != man.get("sha256") or \
+            man.get("target", {}).get("vocab_size") != vocab_size:
+        return None
+    with safe_open(str(weights), framework="pt") as fh:
+        return DraftVocab(fh.get_tensor("vocab.ids").to(torch.long), vocab_size)
+
+
 def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
     """The checked head for this pair's target, fp32 arithmetic, eval mode (an EagleHead; fp16 matrices beside an fp16w target)."""
     from specviz.core.head import EagleHead

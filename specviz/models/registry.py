@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -13,7 +14,7 @@ from torch import nn
 
 from specviz import host
 from specviz.core.limits import TARGET_PRECISIONS
-from specviz.models import half, heads, packed
+from specviz.models import half, heads, int8w, packed, rowgemm
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.cached import _return_freed_memory
@@ -54,6 +55,8 @@ class LoadedPair:
     draft_precision: str  # "int8", "bf16" or "fp32": what was actually loaded
     target_precision: str = "fp32"  # likewise for the target; fp32 and fp16w keep greedy output bit-exact here
     precision_reason: str = ""  # one line: what was measured and why these precisions (see models.precision)
+    target_kernel: str = ""  # which matrix kernel the target's linears run on (e.g. "rowgemm (avx512)", "fbgemm")
+    draft_kernel: str = ""  # likewise for the draft
     weight_bytes: int = 0  # bytes of both models' weights as loaded (the memory cost shown in the app)
     shipped_head: heads.LazyHead | None = None  # the pair's checked head file, built into an EagleHead on first use
     head_problem: str = ""  # why a shipped head was refused (damaged, or made for another target); "" otherwise
@@ -187,7 +190,14 @@ def load_pair(
 
     def finish_draft(model: nn.Module) -> nn.Module:
         model = _set_precision(model, choice.draft, "draft", report)
-        if choice.target == "fp16w" and choice.draft == "int8":
+        kernel = half.fp16_kernel() if dev.type == "cpu" else None
+        if choice.draft == "int8" and kernel is not None:
+            # rowgemm here: every linear in int8 weights with fp32 activations (the down projections too: no
+            # activation scale to lose), the output layer over the pair's draft vocabulary where it ships one
+            report(0.87, "storing the draft's weights in int8 for rowgemm")
+            vocab = heads.vocabulary(spec.name, model.config.vocab_size)
+            int8w.int8w_linears(model, kernel, None if vocab is None else vocab.ids)
+        elif choice.target == "fp16w" and choice.draft == "int8":
             # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
             # fp32 arithmetic still, so only the draft's guesses can change, never the output
             half.half_linears(model)
@@ -224,6 +234,7 @@ def load_pair(
                 # not an int8 draft's fp32 down projections: its activation scales turn their last-bit
                 # changes into logit changes of several units (SmolLM2: Σmin(p, q) 0.75 -> 0.69)
                 packed.pack_linears(draft)
+        rowgemm.fuse(target), rowgemm.fuse(draft)  # rowgemm layers sharing an input: one kernel call each (core.lean)
         head, head_problem = _load_head(spec.name, target, report)
     _return_freed_memory()
     report(1.0, f"{spec.title} ready")
@@ -238,6 +249,8 @@ def load_pair(
         draft_precision=choice.draft,
         target_precision=choice.target,
         precision_reason="; ".join(filter(None, (choice.reason, kernels))),
+        target_kernel=kernel_of(target),
+        draft_kernel=kernel_of(draft),
         weight_bytes=model_bytes(target) + model_bytes(draft),
         shipped_head=head,
         head_problem=head_problem,
@@ -361,7 +374,25 @@ def model_bytes(model: nn.Module) -> int:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-    return total + packed.packed_bytes(model) + half.half_bytes(model) + _int8_bytes(model)
+    return total + packed.packed_bytes(model) + half.half_bytes(model) + _int8_bytes(model) + int8w.int8w_bytes(model)
+
+
+def kernel_of(model: nn.Module) -> str:
+    """Which matrix kernel a model's linears run on, in a few words (the page and --json say it): the kind most of them
+    use, e.g. "rowgemm avx512, fp16 weights" or "fbgemm, int8 dynamic"."""
+    kinds: collections.Counter[str] = collections.Counter()
+    for m in model.modules():
+        if isinstance(m, half.HalfLinear):
+            kinds[f"rowgemm {m.kernel.isa}, fp16 weights" if m.panels is not None else "fbgemm, fp16 weights"] += 1
+        elif isinstance(m, int8w.Int8WLinear):
+            kinds[f"rowgemm {m.kernel.isa}, int8 weights"] += 1
+        elif isinstance(m, packed.PackedLinear):
+            kinds[f"oneDNN, {str(m.dtype).removeprefix('torch.')}"] += 1
+        elif isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
+            kinds["fbgemm, int8 dynamic"] += 1
+        elif type(m) is nn.Linear:
+            kinds[f"torch, {str(m.weight.dtype).removeprefix('torch.')}"] += 1
+    return kinds.most_common(1)[0][0] if kinds else "none"
 
 
 def _int8_bytes(model: nn.Module) -> int:
