@@ -58,7 +58,12 @@ def check_outputs(out: Path, done: subprocess.CompletedProcess[str]) -> pd.DataF
     for part in ("- machine:", "- date:", "- command: `python -m specviz bench", "torch ", "transformers "):
         assert part in md
     assert "| workload | mode | method | ms/token |" in md
-    assert md.count("\n| ") == len(df) + 1, "header plus one table line per row"
+    table, _, profiles = md.partition("## Round profile")
+    assert table.count("\n| ") == len(df) + 1, "header plus one table line per row"
+    ours = df[df["family"] == "ours"]
+    for _, row in ours.iterrows():  # one profiled run of each of our methods, on each workload and mode
+        assert f"**{row['method']}** on {row['workload']} ({row['mode']}):" in profiles
+    assert profiles.count("| **the target's pass** | all |") == len(ours)
     assert "| workload | mode | method | ms/token |" in done.stdout, "the table is printed to stdout"
     page = (out / "bench-tiny-random.html").read_text(encoding="utf-8")
     assert 'class="plotly-graph-div"' in page

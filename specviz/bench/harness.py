@@ -28,6 +28,7 @@ from specviz.models import datastore
 from specviz.models.base import LoadProgress
 from specviz.presets import PRESETS
 from specviz.bench import gpu
+from specviz.bench.profile import ProfileRow, profile_run
 
 Mode = Literal["greedy", "sample"]
 
@@ -132,6 +133,7 @@ class BenchConfig:
     command: str = ""  # the command line, for the report header
     temperature: float = SAMPLE_TEMPERATURE
     warmup_tokens: int = WARMUP_TOKENS
+    profile: bool = True  # one extra run of each of our methods with lap timers on: the report's round profile
 
 
 def _split_names(text: str | None, known: Sequence[str], what: str) -> tuple[str, ...] | None:
@@ -160,6 +162,7 @@ def make_config(
     command: str = "",
     target_precision: str | None = None,
     modes: str | None = None,
+    profile: bool = True,
 ) -> BenchConfig:
     """The run's settings from command-line values: --quick picks smaller defaults, explicit values win."""
     repeats = MIN_REPEATS if repeats is None else repeats
@@ -184,6 +187,7 @@ def make_config(
         target_precision=target_precision,
         quick=quick,
         command=command,
+        profile=profile,
     )
 
 
@@ -536,8 +540,9 @@ def _config_snapshot(pair: Any) -> tuple[dict, dict]:
     return tuple(copy.deepcopy(m.generation_config.to_dict()) for m in (pair.target, pair.draft))  # type: ignore[return-value]
 
 
-def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord]:
-    """Every workload and mode of one loaded pair, methods interleaved within each repeat."""
+def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> tuple[list[RunRecord], list[ProfileRow]]:
+    """Every workload and mode of one loaded pair, methods interleaved within each repeat; then, unless the config says
+    not to, one profiled run of each of our methods (bench.profile) after the timed ones."""
     plan = [(WORKLOADS_BY_NAME[w], mode) for w in config.workloads for mode in config.modes]
     total = sum(len(methods_for(w, config.methods, pair)) for w, _ in plan) * config.repeats
     left_out = [m for m in config.methods if not _runs_on(METHODS_BY_NAME[m], pair)]
@@ -546,6 +551,7 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord
                                                                or "this pair ships no trained head"))
     before = _config_snapshot(pair)
     records: list[RunRecord] = []
+    profiles: list[ProfileRow] = []
     t_start = time.perf_counter()
     for workload, mode in plan:
         prompt_ids = encode(pair, workload.prompt, config.max_new_tokens)
@@ -565,12 +571,19 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> list[RunRecord
                 left = (time.perf_counter() - t_start) / done * (total - done)
                 _say(f"[{done}/{total}] {pair_name} {workload.name}/{mode} repeat {repeat + 1}/{config.repeats} "
                      f"{method.name}: {rec.ms_per_token:.1f} ms/token, {len(rec.tokens)} tokens (~{_eta(left)} left)")
+        if config.profile:
+            _say(f"{pair_name} {workload.name}/{mode}: one profiled run of each of our methods")
+            for method in methods:
+                if method.family == "ours":
+                    found = profile_run(pair, lambda m=method: run_ours(pair, m, prompt_ids, mode, 0, config.max_new_tokens,
+                                                                         config.temperature))
+                    profiles.append(ProfileRow(pair_name, workload.name, mode, method.name, found))
     if _config_snapshot(pair) != before:
         raise BenchError("a model's generation_config changed during the benchmark (models must stay read-only)")
-    return records
+    return records, profiles
 
 
-WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow]], dict[str, Path]]
+WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow], Sequence[ProfileRow]], dict[str, Path]]
 
 
 def run_bench(config: BenchConfig, write: WriteReports,
@@ -581,8 +594,9 @@ def run_bench(config: BenchConfig, write: WriteReports,
         _say(f"loading {name}")
         pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress,
                                 target_precision=config.target_precision)
-        rows = aggregate(bench_pair(config, pair, name))
-        paths = write(config, pair, name, rows)
+        records, profiles = bench_pair(config, pair, name)
+        rows = aggregate(records)
+        paths = write(config, pair, name, rows, profiles)
         _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")
         results.append((name, rows, paths))
         del pair

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS, SAMPLE_TEMPERATURE, BenchConfig, BenchRow, method_order
+from specviz.bench.profile import ProfileRow, report_lines
+from specviz.bench.timing import cpu_model
 
 
 def safe_name(pair: str) -> str:
@@ -22,16 +24,16 @@ def safe_name(pair: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", pair).strip("_") or "pair"
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+def cpu_flags_line() -> str:
+    """The vector instruction sets the CPU reports (what the kernels were built for), e.g. "avx2 fma f16c avx512f"."""
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        flags = []
+    found = [w for w in wanted if w in flags]
+    return " ".join(found) if found else "not reported"
 
 
 def machine_line(device: str) -> str:
@@ -101,7 +103,8 @@ def _hf_assisted_note() -> str:
                else "; no re-tuning of that threshold (it needs scikit-learn, not installed)"))
 
 
-def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow], date: str) -> str:
+def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow], date: str,
+                    profiles: Sequence[ProfileRow] = ()) -> str:
     """The whole bench-<pair>.md: header (machine, date, command, settings), table, footnotes."""
     device = str(getattr(pair, "device", config.device or "cpu"))
     title = getattr(getattr(pair, "spec", None), "title", pair_name)
@@ -119,6 +122,8 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
         f"{getattr(pair, 'draft_precision', config.draft_precision or 'default')}, "
         f"target precision {getattr(pair, 'target_precision', config.target_precision or 'default')}, "
         f"a {config.warmup_tokens}-token untimed warm-up per method before each workload and mode",
+        f"- kernels: target {getattr(pair, 'target_kernel', '') or 'not recorded'}, "
+        f"draft {getattr(pair, 'draft_kernel', '') or 'not recorded'}; CPU flags: {cpu_flags_line()}",
         "",
         markdown_table(rows),
         "",
@@ -151,6 +156,8 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
     ]
     if any(m.assistant for m in used):
         lines.append(f"- `hf-assisted`: {_hf_assisted_note()}.")
+    if profiles:
+        lines += ["", *report_lines(profiles)]
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +196,8 @@ def speedup_figure(rows: Sequence[BenchRow], pair_name: str, device: str) -> Any
     return fig
 
 
-def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow]) -> dict[str, Path]:
+def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow],
+                  profiles: Sequence[ProfileRow] = ()) -> dict[str, Path]:
     """bench-<pair>.csv, .md and .html into config.out_dir; returns their paths."""
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +205,7 @@ def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence
     date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     paths = {"csv": stem.with_suffix(".csv"), "md": stem.with_suffix(".md"), "html": stem.with_suffix(".html")}
     rows_frame(rows).to_csv(paths["csv"], index=False)
-    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date), encoding="utf-8")
+    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date, profiles), encoding="utf-8")
     device = str(getattr(pair, "device", config.device or "cpu"))
     speedup_figure(rows, pair_name, device).write_html(paths["html"], include_plotlyjs="cdn", full_html=True)
     return paths

@@ -34,6 +34,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    "hf-assisted,hf-lookup,ngram,suffix,hybrid,eagle,eagle-adaptive,eagle-tree (target always runs: it is "
                    "the baseline; the eagle methods need a pair that ships a head)")
     p.add_argument("--out", default="benchmarks", help="output folder (default benchmarks/)")
+    p.add_argument("--no-profile", dest="profile", action="store_false",
+                   help="skip the round profile (one extra run of each of our methods with lap timers on)")
     p.add_argument("-q", "--quiet", action="store_true", help="no loading progress or library warnings on stderr")
     p.set_defaults(func=cmd_bench)
 
@@ -51,7 +53,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             pairs=pairs, quick=args.quick, workloads=args.workloads, methods=args.methods, repeats=args.repeats,
             max_new_tokens=args.max_new_tokens, out_dir=args.out, device=args.device,
             draft_precision=args.draft_precision, command=f"python -m {PROG} {shlex.join(sys.argv[1:])}",
-            target_precision=args.target_precision, modes=args.modes,
+            target_precision=args.target_precision, modes=args.modes, profile=args.profile,
         )
         results = bench.run_bench(config, report.write_reports, progress=progress)
     except bench.BenchError as e:

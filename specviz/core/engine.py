@@ -15,7 +15,7 @@ import torch
 
 from specviz.core.adaptive import AdaptiveGamma
 from specviz.core.forward import Feed, Pass
-from specviz.core import clock
+from specviz.core import clock, profile
 from specviz.core.clock import ms_since
 from specviz.core.rounds import CachedTarget, Drafter, Kept, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, solo_run
 from specviz.core.sampling import AcceptRule, verify_draft
@@ -138,6 +138,7 @@ def run_program(
     session.hear(Kept(ids=tuple(ids), start=0, drafted=0, accepted=0, path=(), next_token=None, next_origin=None,
                       hidden=hidden))
     yield from session.prefill(ids)
+    profile.laps().reset()  # a round profile counts the rounds, not the prefill
     prefill_ms, t_decode = ms_since(t0), clock.now()
 
     while stop is None:

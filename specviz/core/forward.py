@@ -20,7 +20,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specviz.core import lean
+from specviz.core import lean, profile
 
 ATTENTION = "specviz_packed"  # the attention implementation every model here runs with (plain sdpa outside packed passes)
 _PER_RUN = torch.zeros(1, 1, 1, 1)  # a 4-D mask is taken as given by every model family; the real, per-run masks travel with the feeds
@@ -115,6 +115,8 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[Pass]:
     """One pass of `model` over every feed's new rows; each feed's wanted logits (n_i - first_logit, V) and hidden states, in order."""
     if not feeds:
         return []
+    laps = profile.laps()
+    laps.start(laps.role_of(model) if laps.recording else "")
     use_packed_attention(model)
     device = getattr(model, "device", torch.device("cpu"))
     ids = torch.tensor([[t for f in feeds for t in f.ids]], dtype=torch.long, device=device)  # (1, N)
@@ -123,16 +125,20 @@ def forward(model: torch.nn.Module, feeds: Sequence[Feed]) -> list[Pass]:
     keep = [a + f.first_logit + j for (a, b), f in zip(runs.spans, feeds) for j in range(b - a - f.first_logit)]
     keep_ids = torch.tensor(keep, dtype=torch.long, device=device)
     hidden = any(f.layers for f in feeds)  # the other layers' outputs are only kept when someone asked
+    laps("pass set-up")
     if lean.enabled(model):  # transformers' arithmetic without its per-layer machinery (core.lean)
         raw_logits, states = lean.run(model, feeds, ids, positions, runs.spans, keep_ids, hidden)
     else:
         out = model(input_ids=ids, position_ids=positions, attention_mask=_PER_RUN, cache=runs, use_cache=True,
                     logits_to_keep=keep_ids, runs=runs, output_hidden_states=hidden)
         raw_logits, states = out.logits, out.hidden_states
+        laps("transformers' forward (not split)")
     logits = raw_logits[0].float()  # (K, V)
     sizes = [f.rows - f.first_logit for f in feeds]
-    return [Pass(part, _hidden_of(states, f, a) if hidden else ())
-            for part, f, (a, _) in zip(torch.split(logits, sizes), feeds, runs.spans)]
+    answers = [Pass(part, _hidden_of(states, f, a) if hidden else ())
+               for part, f, (a, _) in zip(torch.split(logits, sizes), feeds, runs.spans)]
+    laps.stop()
+    return answers
 
 
 def _hidden_of(states: Sequence[torch.Tensor], feed: Feed, start: int) -> tuple[torch.Tensor, ...]:

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specviz.core import profile
 from specviz.core.forward import Feed, Pass, causal_mask, forward
 
 
@@ -44,8 +45,11 @@ class CachedLM:
         """Forget every cached position from `length` on (DynamicCache.crop takes a negative count)."""
         extra = len(self.ids) - length
         if extra > 0:
+            laps = profile.laps()
+            laps.mark()
             self.cache.crop(-extra)
             del self.ids[length:]
+            laps("kv cache roll-back")
 
     def feed(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = (), hidden_last: int | None = None) -> Feed:
         """The pass that gives logits of the last n_last positions of `ids`, reusing the cache (the ids count as cached from now).

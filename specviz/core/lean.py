@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specviz.core import profile
+
 _FAMILIES = ("qwen2", "llama")  # decoder layers of the same shape: RMSNorm, rotary q/k, GQA attention, SiLU-gated MLP
 
 
@@ -70,26 +72,41 @@ def _projections(layers: Sequence[torch.nn.Module], x: torch.Tensor) -> list[tor
 
 
 def _attention(attn: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, feeds: Sequence[Any],
-               spans: Sequence[tuple[int, int]], layer_idx: int) -> torch.Tensor:
+               spans: Sequence[tuple[int, int]], layer_idx: int, laps: Any) -> torch.Tensor:
     """transformers' attention block for every feed's rows, each run over its own cache and mask: (1, N, hidden)."""
     shape = (*h.shape[:-1], -1, attn.head_dim)
-    q, k, v = _projections((attn.q_proj, attn.k_proj, attn.v_proj), h)
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    q, k, v = _projections(projections, h)
+    laps.matmul("q/k/v", projections)
     q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
     q = (q * c) + (_rotate_half(q) * s)
     k = (k * c) + (_rotate_half(k) * s)
+    laps("norms, rotary, activation")
     outs = []
     for (a, b), feed in zip(spans, feeds):
         keys, values = feed.cache.update(k[:, :, a:b], v[:, :, a:b], layer_idx)
+        laps("kv cache")
         outs.append(sdpa_attention_forward(attn, q[:, :, a:b], keys, values, feed.mask, dropout=0.0,
                                            scaling=attn.scaling, sliding_window=getattr(attn, "sliding_window", None))[0])
+        laps("attention")
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (1, N, heads, head_dim)
-    return attn.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
+    out = out.reshape(*h.shape[:-1], -1).contiguous()
+    laps("attention")
+    out = attn.o_proj(out)
+    laps.matmul("o", attn.o_proj)
+    return out
 
 
-def _mlp(mlp: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-    gate, up = _projections((mlp.gate_proj, mlp.up_proj), h)
-    return mlp.down_proj(mlp.act_fn(gate) * up)
+def _mlp(mlp: torch.nn.Module, h: torch.Tensor, laps: Any) -> torch.Tensor:
+    projections = (mlp.gate_proj, mlp.up_proj)
+    gate, up = _projections(projections, h)
+    laps.matmul("gate/up", projections)
+    h = mlp.act_fn(gate) * up
+    laps("norms, rotary, activation")
+    out = mlp.down_proj(h)
+    laps.matmul("down", mlp.down_proj)
+    return out
 
 
 @torch.inference_mode()
@@ -97,18 +114,27 @@ def run(model: torch.nn.Module, feeds: Sequence[Any], ids: torch.Tensor, positio
         spans: Sequence[tuple[int, int]], keep: torch.Tensor,
         want_hidden: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """(logits at the `keep` rows (1, K, V), transformers' `hidden_states` tuple or ()) of one packed pass."""
+    laps = profile.laps()  # the round profile's lap timers (nothing while no profile records)
     inner = model.model
     x = inner.embed_tokens(ids)  # (1, N, hidden)
     cos, sin = _rotary(model, positions, x.dtype)
+    laps("embedding")
     hidden = [x] if want_hidden else None
     for i, layer in enumerate(inner.layers):
-        x = x + _attention(layer.self_attn, _rms_norm(layer.input_layernorm, x), cos, sin, feeds, spans, i)
-        x = x + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, x))
+        h = _rms_norm(layer.input_layernorm, x)
+        laps("norms, rotary, activation")
+        x = x + _attention(layer.self_attn, h, cos, sin, feeds, spans, i, laps)
+        h = _rms_norm(layer.post_attention_layernorm, x)
+        laps("norms, rotary, activation")
+        x = x + _mlp(layer.mlp, h, laps)
         if hidden is not None and i < len(inner.layers) - 1:
             hidden.append(x)
+        laps("residual")
     x = _rms_norm(inner.norm, x)
     if hidden is not None:
         hidden.append(x)
+    laps("norms, rotary, activation")
     logits = model.lm_head(x[:, keep, :])
+    laps.matmul("output layer", model.lm_head)
     return logits, tuple(hidden) if hidden is not None else ()
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from specviz.core import clock
+from specviz.core import clock, profile
 from specviz.core.clock import ms_since
 from specviz.core.forward import Feed, Pass, forward
 from specviz.core.kv import TreeLM
@@ -124,15 +124,24 @@ class CachedTarget:
 
     def probs(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
         answer = yield self.lm.feed(ids, n_last, layers)
-        return Scored(logits_to_probs(answer.logits, self.sampling), answer.hidden)  # (n_last, V)
+        return _scored(answer, self.sampling)  # (n_last, V)
 
     def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
                    layers: tuple[int, ...] = ()) -> Steps[Scored]:
         answer = yield self.lm.tree_feed(ids, tokens, parents, with_root=True, layers=layers)
-        return Scored(logits_to_probs(answer.logits, self.sampling), answer.hidden)
+        return _scored(answer, self.sampling)
 
     def commit(self, path: Sequence[int]) -> None:
         self.lm.commit(path)
+
+
+def _scored(answer: Pass, sampling: SamplingConfig) -> Scored:
+    """A target pass's logits as p (the run's sampling transform over the whole vocabulary), lapped for a profile."""
+    laps = profile.laps()
+    laps.mark()
+    scored = Scored(logits_to_probs(answer.logits, sampling), answer.hidden)
+    laps("target's p (softmax over the vocabulary)", role="verify")
+    return scored
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,15 +255,21 @@ def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[Round
     k = len(draft.tokens)
     scored = yield from tools.target.probs(r.ids + draft.tokens, k + 1, session.features)  # p (k+1, V)
     p = scored.p
+    laps = profile.laps()
+    laps.mark()
     toks = torch.tensor(draft.tokens, dtype=torch.long, device=p.device)
     verdict = tools.rule(p, draft.q.to(p.device), toks, tools.generator)
+    laps("acceptance rule")
     verify_ms = ms_since(t)
     n = verdict.n_accepted
     session.hear(Kept(ids=r.ids + draft.tokens[:n] + (verdict.next_token,), start=len(r.ids) - 1, drafted=k, accepted=n,
                       path=tuple(range(n)), next_token=verdict.next_token,
                       next_origin=verdict.next_origin if k else "target",
                       hidden=tuple(h[: n + 1] for h in scored.hidden)))
-    return chain_trace(r, draft, p.cpu(), verdict, tools, draft_ms, verify_ms)
+    laps("the drafter hears the verdict")
+    trace = chain_trace(r, draft, p.cpu(), verdict, tools, draft_ms, verify_ms)
+    laps("the round's trace")
+    return trace
 
 
 def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunTools, draft_ms: float,

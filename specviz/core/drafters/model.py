@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from specviz.core import profile
 from specviz.core.drafters import Parts
 from specviz.core.kv import CachedLM
 from specviz.core.rounds import ChainDraftSession, Draft, Steps
@@ -41,14 +42,21 @@ class _ModelDraftSession(ChainDraftSession):
         if self.memo is not None:
             return (yield from self.memo.probs(seq, 1))[0], None
         logits = (yield self.lm.feed(seq, 1)).logits[0]  # type: ignore[union-attr]  # (V_draft,)
-        return draft_q(logits, self.sampling, self.vocab_size), logits
+        laps = profile.laps()
+        laps.mark()
+        q = draft_q(logits, self.sampling, self.vocab_size)
+        laps("q (softmax) and sampling", role="draft")
+        return q, logits
 
     def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
         seq = list(ids)
         rows: list[torch.Tensor] = []
         for _ in range(gamma):
             q, logits = yield from self._q(seq)  # (V,)
+            laps = profile.laps()
+            laps.mark()
             x = int(q.argmax()) if self.sampling.greedy else sample_from(q, generator)
+            laps("q (softmax) and sampling", role="draft")
             rows.append(q)
             seq.append(x)
             # like transformers' assistant_confidence_threshold: an unsure draft stops after this token,
