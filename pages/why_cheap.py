@@ -24,7 +24,8 @@ from specviz.app.sidebar import current_policy, settings
 from specviz.labs import busy
 from specviz.bench.batch import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, PassCost, PassCostConfig, Reference, load_reference, measure_pass_cost,
+    GPU_FIGURES, KernelConfig, PassCost, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
+    measure_pass_cost, measure_round_profile,
 )
 from specviz.viz import why_cheap as why_cheap_view
 
@@ -61,6 +62,10 @@ PASS = Section("pass", ("How long does checking take?", "One pass, more new toke
                ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
                "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
                "on this CPU).", "Timing the target's passes", "The repeats or the pair")
+KERNELS = Section("kernels", ("Two ways to do the sums", "Two kernels, one layer, side by side"), "cheap_kernels",
+                  ("Time both ways", "Time both kernels"), ":material/compare_arrows:", "Repeats per point (median shown)",
+                  5, "Each repeat runs one decoder layer's linears over 1–16 rows through each kernel.",
+                  "Timing both kernels", "The repeats or the pair")
 
 
 def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], Any],
@@ -105,9 +110,13 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
         if r[top] <= top / 2:
             return f"{said} — not {top} times. Reading the book is the slow part!"
         return f"{said}. On this small computer the extra words were not cheap this time."
-    parts = ", ".join(f"{k} tokens ≈ **{r[k]:.1f}**" for k in cost.ks if k > 1)
-    return (f"One plain decoding step (1 new token) took **{cost.step_ms:.0f} ms** here. In one-token steps, a "
+    parts = ", ".join(f"{k} tokens ≈ **{r[k]:.2f}**" for k in cost.ks if k > 1)
+    said = (f"One plain decoding step (1 new token) took **{cost.step_ms:.0f} ms** here. In one-token steps, a "
             f"single pass over {parts} — if the cost grew with the tokens, {top} tokens would cost {top}.")
+    check = max((k for k in cost.ks if k <= 5), default=1)  # a chain of 4 guesses is checked in a pass of 5
+    if check > 1:
+        said += f" So checking {check} tokens at once cost **{why_cheap_view.cost_words(r[check])}** here."
+    return said
 
 
 def _pass_section(s: Settings, reference: Reference | None) -> None:
@@ -136,6 +145,65 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
     if s.level == "d5":
         st.dataframe(why_cheap_view.pass_table(cost), hide_index=True)
     st.caption(_machine_line(cost))
+
+
+def _kernel_words(kc: Any, s: Settings) -> str:
+    """The comparison in the level's words, from its own numbers."""
+    med = [kc.median_ms(i) for i in range(len(kc.kernels))]
+    top, one = kc.ks.index(kc.ks[-1]), kc.ks.index(1)
+    lines = [f"**{name}**: one row {m[one]:.2f} ms, {kc.ks[-1]} rows {m[top]:.2f} ms "
+             f"(**{kc.ratios(i)[top]:.2f}×** one row)" for i, (name, m) in enumerate(zip(kc.kernels, med))]
+    words = ("One layer of the big model, the same numbers, done by two different pieces of code. " if s.level == "d2"
+             else f"One decoder layer's seven matmuls ({kc.layer_mb:.0f} MB of fp16 weights, its real values), "
+                  f"timed through each kernel; a pass runs {kc.layers} such layers. ")
+    return words + "; ".join(lines) + "."
+
+
+def _kernel_section(s: Settings) -> None:
+    """D2/D5: the target's two fp16-weight kernels on one layer, 1..16 rows (today's rowgemm and fbgemm before it)."""
+    if s.level == "d1":
+        return
+    kc = _measurement(KERNELS, s, lambda repeats: KernelConfig(repeats=repeats),
+                      lambda pair, cfg: measure_kernel_cost(pair.target, cfg))
+    if kc is None:
+        return
+    if len(kc.kernels) < 2:
+        st.caption("Nothing to compare on this server: " + (
+            f"only {kc.kernels[0]} runs the fp16-weight linears here." if kc.kernels else
+            "this pair's target does not keep its weights in fp16 here (see its precision in the sidebar)."))
+        return
+    st.markdown(_kernel_words(kc, s))
+    _chart(why_cheap_view.kernel_figure(kc, font_size(s)), "kernels")
+    if s.level == "d5":
+        st.dataframe(why_cheap_view.kernel_table(kc), hide_index=True)
+
+
+def _profile_section(s: Settings) -> None:
+    """D5: where each millisecond of a round goes, from one run with lap timers on."""
+    if s.level != "d5":
+        return
+    st.subheader("Where a round's time goes")
+    lesson_md("d5", "cheap_profile")
+    button = "Profile a round"
+    cfg = ProfileConfig(gamma=s.gamma)
+    key = ("why_cheap.profile", s.pair, cfg)
+    slot = jobs.Slot(P + "profile", ("Profiling one run",), button, changed=(
+        "The pair or γ changed since this profile: press **{button}** to profile them; the previous figures stay "
+        "until then."))
+    if st.button(button, key=P + "go_profile", icon=":material/query_stats:", type="primary"):
+        pair = pair_or_message(s.pair, key=P + "retry_profile")
+        if pair is not None:
+            jobs.start(slot, {key: lambda: measure_round_profile(pair, cfg)})
+    done = jobs.results(slot, (key,))
+    if not done:
+        return
+    found = done[0]
+    draft, verify, between = (found.role_ms(r) for r in ("draft", "verify", "round"))
+    st.markdown(f"A round took **{found.round_ms:.0f} ms** on average over {found.rounds} rounds (γ = {cfg.gamma}, "
+                f"model drafter, greedy): the draft's passes and sampling **{draft:.0f} ms**, the target's check "
+                f"**{verify:.0f} ms**, the rest between them **{between:.1f} ms**.")
+    _chart(why_cheap_view.profile_figure(found, font_size(s)), "profile")
+    st.dataframe(why_cheap_view.profile_table(found), hide_index=True)
 
 
 def _noise_note(spread: float, s: Settings) -> None:
@@ -317,6 +385,8 @@ def main() -> None:
         st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file.")
         reference = None
     _pass_section(s, reference)
+    _kernel_section(s)
+    _profile_section(s)
     st.divider()
     _busy_section(s, reference)
     st.divider()

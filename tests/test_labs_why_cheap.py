@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from specviz.bench import timing
 from specviz.core import metrics
@@ -97,26 +96,24 @@ def test_available_bytes_on_cpu_is_positive():
 # ------------------------------------------------------------------------------------------ real passes (tiny model)
 
 
-def test_timed_pass_crops_the_cache_back(pair):
+def test_timed_pass_crops_the_cache_back_and_times_the_engines_own_pass(pair, monkeypatch):
     ids = vc.encode(pair.tokenizer, "hello world, hello")
-    cache = timing.prefilled_cache(pair.target, ids)
-    assert cache.get_seq_length() == len(ids)
-    ms = timing.timed_pass_ms(pair.target, cache, vc.new_token_ids(ids, 8, 1, torch.device("cpu")))
-    assert ms > 0 and cache.get_seq_length() == len(ids)
+    lm = timing.prefilled(pair.target, ids)
+    assert lm.ids == ids and lm.cache.get_seq_length() == len(ids)
+    passes = []
+    real = timing.CachedLM.logits
+    monkeypatch.setattr(timing.CachedLM, "logits", lambda self, seq, n: passes.append((list(seq), n)) or real(self, seq, n))
+    ms = timing.timed_pass_ms(lm, vc.new_token_ids(ids, 8))
+    assert ms > 0 and lm.cache.get_seq_length() == len(ids) and lm.ids == ids
+    assert passes == [(ids + vc.new_token_ids(ids, 8), 8)]  # logits at every new position, as a verify pass
 
 
-def test_copied_batch_cache_matches_a_batched_prefill(pair):
-    """The batch's caches are one prefill copied per sequence: same logits as prefilling the whole batch."""
-    ids = vc.encode(pair.tokenizer, "def f(x):\n    return x")
-    new = vc.new_token_ids(ids, 3, 4, torch.device("cpu"))  # (4, 3)
-    copied = timing.prefilled_cache(pair.target, ids, batch=4)
-    direct = DynamicCache(config=pair.target.config)
-    with torch.inference_mode():
-        pair.target(input_ids=torch.tensor([ids] * 4), cache=direct, use_cache=True)
-        a = pair.target(input_ids=new, cache=copied, use_cache=True, logits_to_keep=3).logits
-        b = pair.target(input_ids=new, cache=direct, use_cache=True, logits_to_keep=3).logits
-    assert a.shape == (4, 3, pair.target.config.vocab_size)
-    torch.testing.assert_close(a, b)
+def test_several_targets_are_timed_turn_about(pair):
+    config = vc.PassCostConfig(ks=(1, 2), repeats=3, warmup=1)
+    items, costs = _drain(vc.measure_pass_costs({"a": pair.target, "b": pair.draft}, pair.tokenizer, config))
+    assert [c.pair for c in costs] == ["a", "b"] and all(len(t) == 3 for c in costs for t in c.times_ms)
+    names = [p.message.rsplit("(", 1)[-1] for p in items[1:]]
+    assert names[:4] == ["a)", "b)", "a)", "b)"]  # k = 1 for both, then k = 2 for both
 
 
 def test_measure_pass_cost_yields_progress_and_raw_times(pair):

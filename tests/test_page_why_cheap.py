@@ -154,3 +154,60 @@ def test_gpu_figures_file_is_shown_when_present(tmp_path, monkeypatch):
     at = open_page(level="d2")
     assert "No GPU figures measured yet" not in texts(at)
     assert "Test GPU" in texts(at) and "measured for a test" in texts(at)
+
+
+def kernels_done(at: AppTest) -> bool:
+    return "one row" in texts(at) or "Nothing to compare" in texts(at)
+
+
+def test_both_kernels_are_timed_side_by_side_on_one_layer_of_an_fp16w_target():
+    from specviz.models import half, rowgemm
+
+    at = open_page(level="d5", pair="tiny-random@fp16w")
+    at.number_input(key="why_cheap.kernels_repeats").set_value(2)
+    at.button(key="why_cheap.go_kernels").click().run()
+    no_exception(at)
+    wait_for(at, kernels_done)
+    if rowgemm.kernel() is None or not half.fbgemm_works():
+        assert "Nothing to compare" in texts(at)
+        return
+    words = texts(at)
+    assert f"rowgemm {rowgemm.kernel().isa}" in words and "fbgemm" in words and "such layers" in words
+    assert "rows scored at once" in chart_titles(at)
+    table = [d for d in at.dataframe if "rows" in d.value.columns]
+    assert table and list(table[0].value["rows"]) == [1, 2, 4, 8, 16]
+
+
+def test_an_fp32_target_has_no_kernels_to_compare():
+    at = open_page(level="d2")
+    at.number_input(key="why_cheap.kernels_repeats").set_value(2)
+    at.button(key="why_cheap.go_kernels").click().run()
+    no_exception(at)
+    wait_for(at, kernels_done)
+    assert "does not keep its weights in fp16" in texts(at)
+
+
+def test_d5_profiles_a_round_and_its_parts_add_up():
+    at = open_page(level="d5")
+    assert "Where a round's time goes" in [h.value for h in at.subheader]
+    at.button(key="why_cheap.go_profile").click().run()
+    no_exception(at)
+    wait_for(at, lambda a: "A round took" in texts(a))
+    key = at.session_state["why_cheap.profile"]
+    found = jobs.runner().get(key).view().result
+    assert found.rounds > 0 and {p.role for p in found.parts} >= {"draft", "verify", "round"}
+    assert abs(sum(p.ms for p in found.parts) - found.round_ms) < 0.05 * found.round_ms + 0.5  # python is the rest
+    assert any(p.what.startswith("matmul output layer") for p in found.parts if p.role == "verify")
+    assert f"A round took **{found.round_ms:.0f} ms**".replace("**", "") in texts(at).replace("**", "")
+    assert "ms per round" in " ".join(chart_titles(at))
+    at.radio(key="cfg.level").set_value("d2").run()
+    no_exception(at)
+    assert "Where a round's time goes" not in [h.value for h in at.subheader]
+
+
+@pytest.mark.parametrize("steps, words", [(1.02, "about one step (1.02)"), (1.15, "about one step"),
+                                          (1.39, "a bit more than one step (1.39)"), (2.5, "2.50 steps: well over one")])
+def test_the_sentence_beside_a_pass_cost_agrees_with_its_number(steps, words):
+    from specviz.viz import why_cheap as view
+
+    assert view.cost_words(steps).startswith(words)

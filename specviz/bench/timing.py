@@ -12,7 +12,8 @@ from typing import Any
 
 import psutil
 import torch
-from transformers import DynamicCache
+
+from specviz.core.kv import CachedLM
 
 Ids = Sequence[int]
 
@@ -41,12 +42,23 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def machine_of(device: torch.device) -> Machine:
     """The machine a measurement runs on, in a few words."""
     if device.type == "cuda":
         return Machine("cuda", torch.cuda.get_device_name(device), torch.get_num_threads())
-    name = platform.processor() or platform.machine() or "CPU"
-    return Machine("cpu", f"{name}, {os.cpu_count()} logical cores", torch.get_num_threads())
+    return Machine("cpu", f"{cpu_model()}, {os.cpu_count()} logical cores", torch.get_num_threads())
 
 
 def sync(device: torch.device) -> None:
@@ -55,31 +67,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.inference_mode()
-def prefilled_cache(model: torch.nn.Module, ids: Ids, batch: int = 1) -> DynamicCache:
-    """A KV cache holding `ids` for `batch` identical sequences (prefilled once, then copied per sequence)."""
-    cache = DynamicCache(config=model.config)
-    feed = torch.tensor([list(ids)], dtype=torch.long, device=model_device(model))  # (1, n)
-    model(input_ids=feed, cache=cache, use_cache=True, logits_to_keep=1)
-    if batch > 1:
-        cache.batch_repeat_interleave(batch)  # (1, ...) -> (batch, ...): the same context per sequence
-    return cache
+def prefilled(model: torch.nn.Module, ids: Ids) -> CachedLM:
+    """A run's own cache of `model` holding `ids` (prefilled once, through the engine's pass, as a run's prompt is)."""
+    lm = CachedLM(model)
+    lm.logits(list(ids), 1)
+    return lm
 
 
-@torch.inference_mode()
-def timed_pass_ms(model: torch.nn.Module, cache: DynamicCache, new_ids: torch.Tensor) -> float:
-    """Milliseconds of one forward pass over `new_ids` (batch, k) on top of `cache`; the cache is cropped back.
-
-    Logits are kept for all k positions, as a verify pass needs them (the LM head is part of the cost).
-    """
-    k = new_ids.shape[1]
-    device = new_ids.device
+def timed_pass_ms(lm: CachedLM, new_ids: Sequence[int]) -> float:
+    """Milliseconds of one engine pass (core.forward, what runs use) over `new_ids` after the cached ids, with logits
+    at every new position, as a verify pass needs them (the LM head is part of the cost); the cache is cropped back."""
+    held = list(lm.ids)
+    device = lm.device
     sync(device)
     t0 = time.perf_counter()
-    model(input_ids=new_ids, cache=cache, use_cache=True, logits_to_keep=k)
+    lm.logits(held + list(new_ids), len(new_ids))
     sync(device)
     ms = (time.perf_counter() - t0) * 1000.0
-    cache.crop(-k)  # DynamicCache.crop takes a negative count: forget the k new positions
+    lm.crop(len(held))
     return ms
 
 

@@ -27,6 +27,9 @@ def add_why_cheap(sub: argparse._SubParsersAction) -> None:
     for gone in ("--batches", "--gamma", "--no-batch"):
         p.add_argument(gone, nargs="?", const=True, default=None, dest=f"gone_{gone[2:].replace('-', '_')}",
                        help=argparse.SUPPRESS)
+    p.add_argument("--compare-kernels", action="store_true",
+                   help="also time whole passes through fbgemm (the kernel before rowgemm) on a copy of the target's "
+                   "linears, turn about with the loaded kernel in the same run (about 3 GB more for the Qwen target)")
     p.add_argument("--note", default="", help="a line saved with the figures (where and how they were measured)")
     p.add_argument("--json", action="store_true", help="print one JSON object (save it as assets/verify_cost_gpu.json)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -51,13 +54,26 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))
     say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
-    out: dict[str, Any] = {"note": args.note}
-    cost = drain(lab.measure_pass_cost(pair.target, pair.tokenizer, pair_name, pc_config), say)
-    out["pass_cost"] = lab.pass_cost_to_dict(cost)
+    out: dict[str, Any] = {"note": args.note, "target_kernel": pair.target_kernel, "draft_kernel": pair.draft_kernel}
+    targets = {pair_name: pair.target}
+    if args.compare_kernels:
+        twin = lab.fbgemm_twin(pair.target)
+        if twin is None:
+            raise CliError(f"--compare-kernels needs a target on rowgemm and fbgemm's fp16 kernels here; "
+                           f"{pair_name}'s target runs on {pair.target_kernel}")
+        targets[f"{pair_name} on fbgemm"] = twin
+    costs = drain(lab.measure_pass_costs(targets, pair.tokenizer, pc_config), say)
+    out["pass_cost"] = lab.pass_cost_to_dict(costs[0])
+    if len(costs) > 1:
+        out["fbgemm_pass_cost"] = lab.pass_cost_to_dict(costs[1])
     if args.json:
         print(json.dumps(out, ensure_ascii=False, indent=1))
-    else:
-        print_pass_cost(out["pass_cost"])
+        return 0
+    print(f"kernels: target {pair.target_kernel}, draft {pair.draft_kernel}")
+    print_pass_cost(out["pass_cost"])
+    if "fbgemm_pass_cost" in out:
+        print()
+        print_pass_cost(out["fbgemm_pass_cost"])
     return 0
 
 

@@ -8,7 +8,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.labs.how_far import best_case_speedup
-from specviz.labs.why_cheap import PassCost, Reference, StepCost
+from specviz.core.profile import RoundProfile
+from specviz.labs.why_cheap import KernelCost, PassCost, Reference, StepCost
 from specviz.bench.batch import BatchReport
 from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
 
@@ -77,6 +78,69 @@ def gpu_sentence(reference: Reference, gamma: int) -> str:
             f"So even if every guess were accepted, γ = {gamma} could give at most (γ + 1) / (γc + 1) = "
             f"**{bound:.2f}×**, and real acceptance gives less: the model drafter cannot pay on that GPU. "
             "Prompt lookup (c ≈ 0) can, and so could a much cheaper draft.")
+
+
+def cost_words(steps: float) -> str:
+    """A pass's cost in one-token steps, in words that agree with the number beside them."""
+    if steps <= 1.15:
+        return f"about one step ({steps:.2f})"
+    if steps <= 1.6:
+        return f"a bit more than one step ({steps:.2f}), far less than one step per token"
+    return f"{steps:.2f} steps: well over one, though less than one step per token"
+
+
+KERNEL_COLOURS = (SPEED_COLOUR, PLAIN_COLOUR, GPU_COLOUR)
+
+
+def kernel_figure(kc: KernelCost, font_size: int = 14) -> go.Figure:
+    """One decoder layer's linears through each kernel: ms against the rows they score (a whole pass runs
+    `kc.layers` such layers)."""
+    fig = go.Figure()
+    for i, name in enumerate(kc.kernels):
+        fig.add_scatter(x=list(kc.ks), y=list(kc.median_ms(i)), mode="lines+markers", name=name,
+                        line=dict(color=KERNEL_COLOURS[i % len(KERNEL_COLOURS)], width=3),
+                        customdata=[[r] for r in kc.ratios(i)],
+                        hovertemplate=f"{name}<br>%{{x}} rows: %{{y:.2f}} ms (%{{customdata[0]:.2f}} one-row steps)<extra></extra>")
+    return layout(fig, 340, font_size, xaxis=_log2_axis(kc.ks, "rows scored at once"),
+                  yaxis=dict(title=f"one layer's linears ({kc.layer_mb:.0f} MB), ms", rangemode="tozero"))
+
+
+def kernel_table(kc: KernelCost) -> pd.DataFrame:
+    """Per row count: each kernel's median ms for one layer's linears and its cost in one-row steps."""
+    cols: dict[str, list] = {"rows": list(kc.ks)}
+    for i, name in enumerate(kc.kernels):
+        cols[f"{name} ms"] = [round(m, 2) for m in kc.median_ms(i)]
+        cols[f"{name} × one row"] = [round(r, 2) for r in kc.ratios(i)]
+    return pd.DataFrame(cols)
+
+
+ROLE_NAMES = {"draft": "draft", "verify": "target's check", "round": "between passes"}
+
+
+def profile_figure(p: RoundProfile, font_size: int = 14, per_role: int = 5) -> go.Figure:
+    """One horizontal bar per part of a round (draft, the target's check, between passes), split into its largest
+    items: where each ms of an average round went."""
+    fig = go.Figure()
+    roles = [r for r in ("draft", "verify", "round") if any(x.role == r for x in p.parts)]
+    labels = [ROLE_NAMES[r] for r in roles]
+    for role in roles:
+        parts = sorted((x for x in p.parts if x.role == role), key=lambda x: -x.ms)
+        shown, rest = parts[:per_role], sum(x.ms for x in parts[per_role:])
+        for x in shown + ([] if rest <= 0 else [type(parts[0])(role, "the rest", rest, 0)]):
+            fig.add_bar(y=[ROLE_NAMES[role]], x=[x.ms], orientation="h", name=x.what, showlegend=False,
+                        text=[x.what if x.ms >= 0.08 * p.round_ms else ""], textposition="inside",
+                        hovertemplate=f"{ROLE_NAMES[role]}: {x.what}<br>%{{x:.1f}} ms per round<extra></extra>")
+    return layout(fig, 120 + 60 * len(roles), font_size, barmode="stack",
+                  xaxis=dict(title="ms per round (average over the run's rounds)", rangemode="tozero"),
+                  yaxis=dict(title="part of the round", categoryorder="array", categoryarray=labels[::-1]))
+
+
+def profile_table(p: RoundProfile) -> pd.DataFrame:
+    """Every lapped part: where, what, ms per round and calls per round, largest first within each part."""
+    return pd.DataFrame({
+        "where": [ROLE_NAMES[x.role] for x in p.parts], "what": [x.what for x in p.parts],
+        "ms per round": [round(x.ms, 2) for x in p.parts], "calls per round": [round(x.calls, 1) for x in p.parts],
+    })
 
 
 def step_cost_table(sc: StepCost) -> pd.DataFrame:
