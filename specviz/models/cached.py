@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
-from specviz.models import stream
+from specviz.models import rowgemm, stream
 from specviz.models.half import empty_half_linears
 from specviz.models.base import PairError, _oom_as_pair_error
 
@@ -60,10 +62,12 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
         int8_names = sorted(n[: -len(_INT8_PARTS[0])] for n in stored if n.endswith(_INT8_PARTS[0]))
         slots = _int8_slots(model, int8_names)
         sinks = empty_half_linears(model) if half else {}
+        rowgemm.preallocate(model)  # layers that share an input get one panel tensor, filled in place below
         model.to_empty(device="cpu")  # storage without values: every tensor is filled below
         mapped = {_param_name(model, model.get_input_embeddings().weight)} if dtype == torch.float32 else set()
         extras: dict[str, torch.Tensor] = {}
-        missing = _read_weights(paths, model, sinks, mapped, extras)
+        places: dict[str, tuple[Path, int, tuple[int, ...]]] = {}
+        missing = _read_weights(paths, model, sinks, mapped, extras, places)
         missing -= {f"{n}.weight" for n in int8_names}
         _rebuild_buffers(model, config)
         if missing - _not_in_file(model, config) or len(extras) != len(_INT8_PARTS) * len(int8_names):
@@ -74,9 +78,71 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
             head.load(model.get_input_embeddings().weight)
         elif not half and "lm_head" not in slots:
             model.tie_weights()
+        _rows_from_file(model, places)
         if (folder / "generation_config.json").is_file():
             model.generation_config = GenerationConfig.from_dict(json.loads((folder / "generation_config.json").read_text()))
     return model.eval()
+
+
+def _rows_from_file(model: nn.Module, places: dict[str, tuple[Path, int, tuple[int, ...]]]) -> None:
+    """Put a FileRows in place of a mapped input embedding that nothing else reads whole (its head is not tied to it)."""
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    for name, (path, offset, shape) in places.items():
+        tied = isinstance(out, nn.Linear) and out.weight is emb.weight
+        if not tied and name == _param_name(model, emb.weight):
+            model.set_input_embeddings(FileRows(path, offset, shape, emb.weight, emb.padding_idx))
+
+
+class FileRows(nn.Module):
+    """An input embedding read from its cache file row by row (os.pread): a step's few rows are copied out, and
+    nothing of the file stays resident in this process.
+
+    Why: mapped, each first touch of a row brought its neighbours in too (read-ahead, or the kernel's fault-around
+    where the file was in the page cache): one 32-token tree run left 80 MB of embedding pages resident beside the
+    default pair, and a class's many prompts keep adding rows. The values are the file's fp32 rows, as the mapping's.
+    `weight` is still the mapped tensor, for the rare reader of the whole matrix.
+    """
+
+    def __init__(self, path: Path, offset: int, shape: tuple[int, ...], mapped: torch.Tensor,
+                 padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.path, self.offset = Path(path), int(offset)
+        self.num_embeddings, self.embedding_dim = int(shape[0]), int(shape[1])
+        self.padding_idx = padding_idx
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self._row_bytes = self.embedding_dim * 4
+        object.__setattr__(self, "_mapped", mapped)  # not a parameter: the model's tensors stay the resident ones
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._mapped
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).tolist()
+        order = {i: j for j, i in enumerate(dict.fromkeys(flat))}  # each distinct row read once
+        rows = np.empty((len(order), self.embedding_dim), dtype=np.float32)
+        for i, j in order.items():
+            if not 0 <= i < self.num_embeddings:
+                raise IndexError(f"token id {i} is outside the embedding's {self.num_embeddings} rows")
+            got = os.preadv(self._fd, [memoryview(rows[j])], self.offset + i * self._row_bytes)
+            if got != self._row_bytes:
+                raise OSError(f"{self.path}: a short read of row {i} ({got} of {self._row_bytes} bytes)")
+        out = torch.from_numpy(rows)[torch.tensor([order[i] for i in flat], dtype=torch.long)]
+        return out.reshape(*ids.shape, self.embedding_dim)
+
+    def __deepcopy__(self, memo: dict) -> "FileRows":
+        """A copy reads the same file (read-only): it shares this one."""
+        memo[id(self)] = self
+        return self
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._fd)
+        except (OSError, AttributeError):
+            pass
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, read row by row from {self.path.name}"
 
 
 class _Int8Slot(nn.Module):
@@ -121,7 +187,8 @@ def _header(path: Path) -> dict[str, Any]:
 
 
 def _read_weights(paths: list[Path], model: nn.Module, sinks: dict[str, Any] | None = None, mapped: set[str] = frozenset(),
-                  extras: dict[str, torch.Tensor] | None = None) -> set[str]:
+                  extras: dict[str, torch.Tensor] | None = None,
+                  places: dict[str, tuple[Path, int, tuple[int, ...]]] | None = None) -> set[str]:
     """Fill the model's parameters and persistent buffers from safetensors files, one tensor at a time; returns the names they lacked.
 
     A name in `sinks` goes to that layer's `load(tensor)` instead (the fp16-weight linears of models.half,
@@ -133,16 +200,16 @@ def _read_weights(paths: list[Path], model: nn.Module, sinks: dict[str, Any] | N
     seen: set[str] = set()
     with _Packer() as packer:
         for path in paths:
-            seen |= _read_file(path, targets, sinks, mapped, extras, packer)
+            seen |= _read_file(path, targets, sinks, mapped, extras, packer, places)
         packer.wait()
     return {n for n in [*targets, *sinks] if n not in seen}
 
 
 def _read_file(path: Path, targets: dict[str, torch.Tensor], sinks: dict[str, Any], mapped: set[str],
-               extras: dict[str, torch.Tensor] | None, packer: "_Packer") -> set[str]:
-    """_read_weights for one file; returns the names in its header."""
-    import numpy as np
-
+               extras: dict[str, torch.Tensor] | None, packer: "_Packer",
+               places: dict[str, tuple[Path, int, tuple[int, ...]]] | None = None) -> set[str]:
+    """_read_weights for one file; returns the names in its header (a mapped tensor's file, offset and shape go into
+    `places`)."""
     with open(path, "rb") as fh:
         header, start = stream.header_of(fh)
         for name, entry in header.items():
@@ -157,6 +224,8 @@ def _read_file(path: Path, targets: dict[str, torch.Tensor], sinks: dict[str, An
                 begin, _ = entry["data_offsets"]
                 view = np.memmap(path, dtype=np.float32, mode="c", offset=start + begin, shape=tuple(entry["shape"]))
                 targets[name].data = torch.from_numpy(view)  # the array keeps the mapping open as long as the model lives
+                if places is not None:
+                    places[name] = (path, start + begin, tuple(entry["shape"]))
                 continue
             raw = stream.read_tensor(fh, start, name, entry, path)  # one tensor at a time (two while packing)
             if name in sinks:

@@ -170,7 +170,11 @@ class HalfLinear(torch.nn.Module):
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight {tuple(weight.shape)} does not fit a {self.in_features}->{self.out_features} layer")
         if self.kernel is not None:
-            self.panels = rowgemm.pack(fp16_values(weight) if weight.dtype != torch.float16 else weight, self.kernel.cols)
+            w16 = fp16_values(weight) if weight.dtype != torch.float16 else weight
+            if self.panels is None:
+                self.panels = rowgemm.pack(w16, self.kernel.cols)
+            else:  # laid out before loading (rowgemm.preallocate): filled in place
+                rowgemm.pack_into(self.panels, w16)
             return
         step = _piece_rows(self.in_features)
         self.pieces = [_prepack(weight[i : i + step]) for i in range(0, self.out_features, step)]
@@ -289,7 +293,9 @@ def rows_agree(model: torch.nn.Module, counts: tuple[int, ...] = (1, 2, 3, 5, 7,
     so that a CPU whose kernels pick by shape is caught, not trusted.
     """
     gen = torch.Generator().manual_seed(0)
-    layers = {(m.in_features, m.out_features): m for m in model.modules() if isinstance(m, HalfLinear)}
+    # fbgemm's layers only: rowgemm computes every shape with the same code, one FMA chain per output whatever the row
+    # count (its tails included: rowgemm.checks_pass tries a partial panel and a partial k chunk before any model uses it)
+    layers = {(m.in_features, m.out_features): m for m in model.modules() if isinstance(m, HalfLinear) and m.panels is None}
     with torch.no_grad():
         return all(_rows_agree(layer, gen, counts) for layer in layers.values())
 

@@ -120,6 +120,17 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def pack_into(panels: torch.Tensor, weight: torch.Tensor) -> None:
+    """`pack` into panels allocated already (a view of a fused group's tensor): no second copy of the weight."""
+    blocks, k, cols = panels.shape
+    n = weight.shape[0]
+    full = n // cols
+    panels[:full].copy_(weight[: full * cols].reshape(full, cols, k).transpose(1, 2))
+    if full < blocks:  # a last panel only partly filled: zero columns, never written out
+        panels[full:].zero_()
+        panels[full, :, : n - full * cols].copy_(weight[full * cols :].transpose(0, 1))
+
+
 def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
     """The (n, K) fp16 weight back from its panels."""
     blocks, k, cols = panels.shape
@@ -183,16 +194,15 @@ class Fused:
     panels a view of its slice: one kernel call computes them all. Each output column is its own FMA chain, so the
     call gives every layer the bits its own call would (only the number of kernel calls changes)."""
 
-    def __init__(self, kernel: Kernel, layers: list[torch.nn.Module]) -> None:
+    def __init__(self, kernel: Kernel, layers: list[torch.nn.Module], panels: torch.Tensor | None = None) -> None:
+        """`panels`: the tensor the layers' panels are already views of, in order (allocated before loading); else
+        their panels are copied into a new one."""
         self.kernel = kernel
+        self.layers = tuple(layers)
         self.sizes = [m.panels.shape[0] * kernel.cols for m in layers]  # each layer's padded width
         self.widths = [m.out_features for m in layers]
-        self.panels = torch.cat([m.panels for m in layers])  # (sum of blocks, in, cols)
-        scales = [getattr(m, "scale", None) for m in layers]
-        biases = [getattr(m, "bias", None) for m in layers]
-        self.scale = None if scales[0] is None else torch.cat([_padded(s, n) for s, n in zip(scales, self.sizes)])
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [_padded(b.detach().float() if b is not None else torch.zeros(w), n) for b, w, n in zip(biases, self.widths, self.sizes)])
+        self.panels = panels if panels is not None else torch.cat([m.panels for m in layers])  # (sum of blocks, in, cols)
+        self._bias_scale: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
         start = 0
         for m in layers:  # each layer now reads its slice of the one tensor: no second copy of any weight
             blocks = m.panels.shape[0]
@@ -200,9 +210,23 @@ class Fused:
             m.fused_with = self
             start += blocks
 
+    def bias_scale(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The layers' biases and int8 scales side by side, padded as their panels are (made once, at the first call:
+        a group fused before loading has no values yet)."""
+        if self._bias_scale is None:
+            scales = [getattr(m, "scale", None) for m in self.layers]
+            biases = [getattr(m, "bias", None) for m in self.layers]
+            scale = None if scales[0] is None else torch.cat([_padded(s, n) for s, n in zip(scales, self.sizes)])
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [_padded(b.detach().float() if b is not None else torch.zeros(w), n)
+                 for b, w, n in zip(biases, self.widths, self.sizes)])
+            self._bias_scale = (bias, scale)
+        return self._bias_scale
+
     def __call__(self, x: torch.Tensor, layers: tuple[torch.nn.Module, ...]) -> list[torch.Tensor]:
         rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-        y = self.kernel.linear(rows, self.panels, sum(self.sizes), self.bias, self.scale)  # (M, sum of widths)
+        bias, scale = self.bias_scale()
+        y = self.kernel.linear(rows, self.panels, sum(self.sizes), bias, scale)  # (M, sum of widths)
         outs, start = [], 0
         for n, w in zip(self.sizes, self.widths):
             # each its own contiguous tensor, as a layer's own call returns: a strided slice can send an elementwise op
@@ -216,21 +240,55 @@ def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if len(t) == n else torch.cat([t, t.new_zeros(n - len(t))])
 
 
-def fuse(model: torch.nn.Module) -> int:
-    """Give each decoder layer's q/k/v and gate/up one panel tensor each (`Fused`) where they are rowgemm layers of
-    one kernel, for core.lean's pass; returns how many groups were fused. Only the number of kernel calls changes."""
+def _groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module, ...]]:
+    """Each decoder layer's linears that share an input: (q, k, v) and (gate, up); [] for a model core.lean cannot run."""
     from specviz.core import lean
 
     if not lean.supports(model):
-        return 0
+        return []
+    return [group for layer in model.model.layers
+            for group in ((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                          (layer.mlp.gate_proj, layer.mlp.up_proj))]
+
+
+def preallocate(model: torch.nn.Module) -> int:
+    """Before an fp16-weight model's weights are read: give each group of its unfilled rowgemm linears one panel
+    tensor, each layer's panels a view of its slice, so that loading fills them in place and `fuse` copies nothing
+    (fusing after a load held the group twice for a moment and left 40 MB of the old panels in the heap). Returns how
+    many groups."""
+    from specviz.models.half import HalfLinear
+
     n = 0
-    for layer in model.model.layers:
-        for group in ((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                      (layer.mlp.gate_proj, layer.mlp.up_proj)):
-            kernels = {id(getattr(m, "kernel", None)) for m in group}
-            fusable = all(getattr(m, "panels", None) is not None and getattr(m, "ids", None) is None
-                          and getattr(m, "fused_with", None) is None for m in group)
-            if fusable and len(kernels) == 1 and len({m.panels.dtype for m in group}) == 1:
-                Fused(group[0].kernel, list(group))
-                n += 1
+    for group in _groups(model):
+        if not all(isinstance(m, HalfLinear) and m.panels is None for m in group):  # unfilled fp16-weight layers only
+            continue
+        if len({id(m.kernel) for m in group}) != 1 or group[0].kernel is None:
+            continue
+        cols, k = group[0].kernel.cols, group[0].in_features
+        blocks = [-(-m.out_features // cols) for m in group]
+        whole = torch.empty((sum(blocks), k, cols), dtype=torch.float16)
+        start = 0
+        for m, b in zip(group, blocks):
+            m.panels = whole[start : start + b]
+            start += b
+        n += 1
+    return n
+
+
+def fuse(model: torch.nn.Module) -> int:
+    """Give each decoder layer's q/k/v and gate/up one panel tensor each (`Fused`) where they are rowgemm layers of
+    one kernel, for core.lean's pass (in place where `preallocate` laid them out so, else by copying); returns how many
+    groups were fused. Only the number of kernel calls changes."""
+    n = 0
+    for group in _groups(model):
+        kernels = {id(getattr(m, "kernel", None)) for m in group}
+        fusable = all(getattr(m, "panels", None) is not None and getattr(m, "ids", None) is None
+                      and getattr(m, "fused_with", None) is None for m in group)
+        if not fusable or len(kernels) != 1 or len({m.panels.dtype for m in group}) != 1:
+            continue
+        base = group[0].panels
+        laid_out = base._base is not None and all(m.panels._base is base._base for m in group) and \
+            group[0].panels.data_ptr() == base._base.data_ptr() and sum(m.panels.shape[0] for m in group) == base._base.shape[0]
+        Fused(group[0].kernel, list(group), base._base if laid_out else None)
+        n += 1
     return n
