@@ -139,7 +139,10 @@ def test_tiny_random_shape_and_builds_in_memory(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     monkeypatch.setattr(cache, "ensure_cached", _must_not_run("the tiny pair read the weight cache"))
     pair = load_pair("tiny-random", device="cpu")
-    assert not any(tmp_path.iterdir())
+    # no weights cached; the one thing a load may leave is this machine's rowgemm kernel (models.rowgemm), built at
+    # the first load in a process that times the fp16-weight kernels
+    assert {p.name for p in tmp_path.iterdir()} <= {"kernels"}
+    assert all(p.suffix == ".so" for p in tmp_path.rglob("*") if p.is_file())
     assert pair.spec == get_spec("tiny-random") and pair.draft_precision == "fp32"
     assert pair.device == torch.device("cpu")
     assert pair.eos_ids == (256,) and pair.tokenizer.eos_token_id == 256

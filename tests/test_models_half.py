@@ -131,60 +131,79 @@ def test_a_streamed_fp16w_load_equals_converting_a_loaded_fp32_model() -> None:
     assert not streamed.get_input_embeddings().weight.untyped_storage().resizable()
 
 
-def _prepare_peak(cache: Path) -> float:
-    """Peak RSS in bytes of the default pair's start (`prepare`: weights located, the cache built if missing, loaded)."""
-    script = (
-        "import resource, subprocess, sys\n"
-        "out = subprocess.run([sys.executable, '-m', 'specviz', 'prepare', '--pair', 'qwen-coder', '--quiet'])\n"
-        "assert out.returncode == 0\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
-    )
-    env = {**os.environ, "SPECVIZ_CACHE": str(cache)}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout
-    return float(out.split()[-1])
+LAPTOP_BOUND = 4.5e9  # the promise: a teacher's 8 GB laptop also runs a browser and an operating system
+LAPTOP_TARGET = 4.2e9  # the bound with room for another CPU's kernels, allocator and libraries
+CACHE_BOUND = 5.5e9
 
 
-def _generate_peak(cache: Path) -> tuple[dict, float]:
-    """The default pair's CLI run with its baseline in a fresh process with its own cache: (its JSON, peak RSS in bytes)."""
+def _peak_of(command: list[str], cache: Path) -> tuple[dict, float]:
+    """Run `python -m specviz COMMAND --json` in a fresh process with its own cache: (its JSON, the peak resident size
+    in bytes of it and every process it started, from the OS: RUSAGE_CHILDREN covers grandchildren)."""
     script = (
         "import json, resource, subprocess, sys\n"
-        "out = subprocess.run([sys.executable, '-m', 'specviz', 'generate', '--pair', 'qwen-coder', '--target-precision',"
-        " 'fp16w', '--prompt', 'Once upon a time, in a small village by the sea,', '--max-new-tokens', '32',"
-        " '--drafter', 'tree', '--baseline', '--json', '-q'], capture_output=True, text=True)\n"
+        f"out = subprocess.run([sys.executable, '-m', 'specviz', *{command!r}], capture_output=True, text=True)\n"
         "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
         "print(json.dumps({'rc': out.returncode, 'err': out.stderr[-2000:], 'peak': peak, 'res': out.stdout}))\n"
     )
     env = {**os.environ, "SPECVIZ_CACHE": str(cache)}
     done = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env).stdout)
     assert done["rc"] == 0, done["err"]
-    res = json.loads(done["res"])
-    assert res["target_precision"] == "fp16w" and res["bit_exact"] is True
-    assert res["identical_to_baseline"] is True and len(res["tokens"]) == 32
-    return res, done["peak"]
+    return json.loads(done["res"]), float(done["peak"])
+
+
+def _breakdown(memory: dict) -> str:
+    from specviz.models.footprint import Footprint, Phase
+
+    f = Footprint(memory["peak_bytes"], tuple(Phase(**p) for p in memory["phases"]), memory["parts_bytes"],
+                  memory["base_bytes"], memory["build_peak_bytes"])
+    return "\n".join(f.lines())
+
+
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory) -> dict:
+    """The default pair's first and later start, measured once from a cache of its own (whatever this machine's cache
+    holds, and whichever test ran first).
+
+    First start: `prepare` from an empty cache, so the GGUF is verified and each compact form is built tensor by
+    tensor, in a child process, before the models load. Later start: the CLI run with its baseline from that cache
+    (loading, a tree run and the plain run). Each reports where its memory went (models.footprint)."""
+    cache = tmp_path_factory.mktemp("laptop") / "cache"
+    cache.mkdir()
+    try:
+        first, first_peak = _peak_of(["prepare", "--pair", "qwen-coder", "--quiet", "--json"], cache)
+        size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+        later, later_peak = _peak_of(["generate", "--pair", "qwen-coder", "--target-precision", "fp16w", "--prompt",
+                                      "Once upon a time, in a small village by the sea,", "--max-new-tokens", "32",
+                                      "--drafter", "tree", "--baseline", "--json", "-q"], cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)  # 5.4 GB: pytest keeps its last temp folders
+    assert later["target_precision"] == "fp16w" and later["bit_exact"] is True
+    assert later["identical_to_baseline"] is True and len(later["tokens"]) == 32
+    text = (f"first start {first_peak / 1e9:.3f} GB, later start {later_peak / 1e9:.3f} GB, cache {size / 1e9:.2f} GB\n"
+            f"first start (prepare):\n{_breakdown(first['pairs'][0]['memory'])}\n"
+            f"later start (generate with its baseline):\n{_breakdown(later['memory'])}")
+    print(text)  # pytest -rP shows it
+    return {"first": first_peak, "later": later_peak, "cache": size, "text": text}
 
 
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.default_pair
-def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_after(tmp_path: Path) -> None:
-    """The laptop promise, from a cache of its own (whatever this machine's cache holds, and whichever test ran first).
+def test_qwen_fp16w_keeps_the_promise_and_fits_in_4_5_gb_at_its_first_start_and_after(laptop) -> None:
+    """The laptop promise: at most 4.5 GB (10^9 bytes) at the first start (the cache built from empty, its child
+    process included) and at a later one (loading and a run with its baseline); the cache at most 5.5 GB. A failure
+    prints where the memory went."""
+    assert laptop["first"] <= LAPTOP_BOUND and laptop["later"] <= LAPTOP_BOUND and laptop["cache"] <= CACHE_BOUND, \
+        laptop["text"]
 
-    First start: `prepare` from an empty cache, so the GGUF is verified and each compact form is built tensor by
-    tensor, in a child process, before the models load (measured 4.41 GB on a 2-core AMX Xeon; 4.45-4.54 GB when the
-    build ran in the app's own process, 9.3 GB when it held the whole fp32 model); later start: the CLI run with its
-    baseline from that cache (4.44-4.45 GB). Both at most 4.5 GB (10^9 bytes), loading included, the child's build
-    included (RUSAGE_CHILDREN covers grandchildren); the cache at most 5.5 GB."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    try:
-        first_peak = _prepare_peak(cache)
-        size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
-        _, later_peak = _generate_peak(cache)
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)  # 5.4 GB: pytest keeps its last temp folders
-    figures = f"first start {first_peak / 1e9:.2f} GB, later start {later_peak / 1e9:.2f} GB, cache {size / 1e9:.2f} GB"
-    print(figures)  # pytest -rP shows them
-    assert first_peak <= 4.5e9 and later_peak <= 4.5e9 and size <= 5.5e9, figures
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.default_pair
+def test_qwen_fp16w_starts_with_room_to_spare_at_4_2_gb(laptop) -> None:
+    """The same measurement against 4.2 GB: 0.3 GB of room for another CPU's kernels and libraries (a fresh AVX2 EPYC
+    clone once failed 4.5 GB by 1 MB)."""
+    assert laptop["first"] <= LAPTOP_TARGET and laptop["later"] <= LAPTOP_TARGET, laptop["text"]
 
 
 @needs_fbgemm

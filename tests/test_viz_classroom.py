@@ -203,7 +203,7 @@ def test_the_int8_draft_keeps_its_down_projections_out_of_activation_int8():
     every linear, the down projections included, holds int8 weights (and the output layer only the draft vocabulary)."""
     import torch
 
-    from specviz.models import half, load_pair
+    from specviz.models import load_pair, rowgemm
     from specviz.models.int8w import Int8WLinear
     from specviz.models.packed import PackedLinear
 
@@ -211,7 +211,7 @@ def test_the_int8_draft_keeps_its_down_projections_out_of_activation_int8():
     dynamic = torch.ao.nn.quantized.dynamic.Linear
     kinds = {name.rsplit(".", 1)[-1]: type(mod) for name, mod in pair.draft.named_modules()
              if isinstance(mod, (torch.nn.Linear, PackedLinear, dynamic, Int8WLinear))}  # PackedLinear: a wrong kind
-    if half.fp16_kernel() is not None:
+    if rowgemm.kernel() is not None:
         assert set(kinds.values()) == {Int8WLinear} and pair.draft.lm_head.ids is not None  # the tiny head's vocabulary
     else:
         assert kinds["down_proj"] is torch.nn.Linear  # fp32 (and not packed): its input's outlier channels do not survive

@@ -58,9 +58,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specviz.core.metrics import compare
     from specviz.core.progress import drain
 
+    from specviz.models import footprint
+
     config = generation_config(args)
+    recorder, base_rss = footprint.Recorder(), footprint.rss()  # where the memory goes (--json's "memory")
     pair = models.load_pair(
-        pair_name, draft_precision=args.draft_precision, progress=progress, target_precision=args.target_precision
+        pair_name, draft_precision=args.draft_precision, progress=recorder.progress(progress),
+        target_precision=args.target_precision
     )
     if not args.quiet:
         print(f"{PROG}: precision: target {getattr(pair, 'target_precision', '?')}, draft "
@@ -82,12 +86,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)
     runs = [drain(speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, config, eos_ids))
             for _ in range(args.runs)]
+    recorder.mark("the speculative run" + ("s" if args.runs > 1 else ""))
     base = drain(autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, config, eos_ids)) if args.baseline else None
+    if base is not None:
+        recorder.mark("the baseline run")
+    memory_use = footprint.footprint(recorder, footprint.pair_parts(pair), base_rss).to_dict()
 
     results = []
     for spec in runs:
         summary = compare(spec, base)
         result = run_dict(args, pair_name, pair, tree, prompt_ids, spec, summary)
+        result["memory"] = memory_use
         if base is not None:
             result.update(baseline_dict(pair, prompt_ids, spec, base, summary))
         results.append(result)
