@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from specviz.core.trace import GenerationConfig, Generation, RoundTrace, TopDist
+from specviz.labs import busy
 from specviz.labs import how_far
 from specviz.lessons import labels
 from specviz.viz import export
@@ -132,6 +133,20 @@ def test_markdown_escape_for_widget_labels():
 def test_speed_words_have_no_numbers():
     for x in (None, 0.5, 1.0, 1.3, 2.0, 3.0, 9.0):
         assert not any(ch.isdigit() for ch in strip.speed_words(x))
+
+
+@pytest.mark.parametrize("ratio, words", [
+    (0.5, "slower"), (0.94, "slower"), (0.95, "about the same speed"), (1.09, "about the same speed"),
+    (1.10, "a bit faster"), (1.31, "a bit faster"), (1.35, "half again as fast"), (1.51, "half again as fast"),
+    (1.74, "half again as fast"), (1.75, "about twice as fast"), (2.2, "about twice as fast"),
+    (2.5, "several times faster"), (10.5, "several times faster")])
+def test_d1s_words_follow_the_measured_ratio_in_steps_a_child_can_tell_apart(ratio, words):
+    """1.31× and 1.51× no longer read alike ("a bit faster" for both, as a teacher saw): one table, every step."""
+    from specviz.lessons import speed_words
+
+    assert speed_words(ratio) == words
+    assert strip.speed_words(ratio).startswith(words)
+    assert busy.speed_phrase(ratio) == words
 
 
 def test_figures_build(rounds):

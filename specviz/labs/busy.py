@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from specviz import lessons
 from specviz.labs.why_cheap import Reference
 from specviz.bench.batch import BatchConfig, BatchReport, report_from_dict
 from specviz.settings import Settings
@@ -56,14 +57,8 @@ def kv_share(report: BatchReport, batch: int) -> float | None:
 
 
 def speed_phrase(x: float) -> str:
-    """A speed-up in words a child can follow (the number is shown beside it)."""
-    if x >= 1.8:
-        return "about twice as fast" if x < 2.5 else "much faster"
-    if x >= 1.15:
-        return "a bit faster"
-    if x > 0.9:
-        return "about as fast (no real gain)"
-    return "slower"
+    """A speed-up in words a child can follow (the number is shown beside it): the app's one table of them."""
+    return lessons.speed_words(x)
 
 
 def busy_words(report: BatchReport, level: str) -> str:

@@ -41,3 +41,20 @@ def labels(level: str) -> Mapping[str, str]:
     data = tomllib.loads((LESSON_DIR / "labels.toml").read_text(encoding="utf-8"))
     merged = {**data.get("common", {}), **data.get(level, {})}
     return MappingProxyType({k: str(v) for k, v in merged.items()})
+
+
+# A measured speed-up in the words of the level without numbers, in steps a child can tell apart: (upper bound of the
+# ratio, words). One table for every page that says it (the Watch page's D1, the busy-server lab's D1).
+SPEED_WORDS: tuple[tuple[float, str], ...] = (
+    (0.95, "slower"),
+    (1.10, "about the same speed"),
+    (1.35, "a bit faster"),
+    (1.75, "half again as fast"),
+    (2.50, "about twice as fast"),
+    (float("inf"), "several times faster"),
+)
+
+
+def speed_words(speedup: float) -> str:
+    """A measured speed-up in D1's words (SPEED_WORDS)."""
+    return next(words for bound, words in SPEED_WORDS if speedup < bound)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
+from specviz import lessons
 from specviz.core.trace import RoundTrace
 from specviz.viz.playback import LaneState, Segment
 
@@ -218,17 +219,8 @@ def rule_table_html(r: RoundTrace, i: int, level: str, verdict_shown: bool) -> s
 
 
 def speed_words(speedup: float | None) -> str:
-    """A speed-up in words, for the level without numbers."""
+    """A speed-up in words, for the level without numbers (lessons.SPEED_WORDS, said of this run)."""
     if speedup is None:
         return "still measuring…"
-    if speedup < 0.95:
-        return "a little slower this time — checking the guesses cost more time than they saved"
-    if speedup < 1.15:
-        return "about the same speed"
-    if speedup < 1.6:
-        return "a bit faster"
-    if speedup < 2.5:
-        return "about twice as fast"
-    if speedup < 3.5:
-        return "about three times as fast"
-    return "many times faster"
+    words = lessons.speed_words(speedup)
+    return words + " this time — checking the guesses cost more time than they saved" if words == "slower" else words

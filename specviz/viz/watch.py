@@ -155,9 +155,9 @@ def tradeoff_sentence(textbook: Curves, with_cost: Curves | None, fit_steps: flo
     if with_cost is None or fit_steps is None:
         return f"The textbook curve expects {book:.2f}× at γ = {gamma:.3g}; {said}."
     cost = _curve_at(with_cost, gamma)
-    dearer = "more" if fit_steps > 1.05 else "less" if fit_steps < 0.95 else "about"
+    dearer = ("more than" if fit_steps > 1.05 else "less than" if fit_steps < 0.95 else "about the same as")
     return (f"Here one check of γ + 1 = {gamma + 1:.3g} tokens cost {fit_steps:.2f} one-token target steps "
-            f"({dearer} than the textbook's 1 step): so the dashed textbook curve expects {book:.2f}× at this γ, "
+            f"({dearer} the textbook's 1 step): so the dashed textbook curve expects {book:.2f}× at this γ, "
             f"the solid curve with the measured cost {cost:.2f}×, and {said}. "
             f"Best γ: {with_cost.best} with the measured cost, {textbook.best} by the textbook.")
 
