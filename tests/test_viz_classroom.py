@@ -149,10 +149,14 @@ def test_where_it_helps_headline_follows_the_measurement():
 def test_each_prediction_is_judged_against_the_measurement():
     assert predict.race_choice(0.8) == predict.RACE.choices[0] and predict.race_choice(1.74) == predict.RACE.choices[2]
     assert predict.cheap_choice(1.16) == predict.CHEAP.choices[0] and predict.cheap_choice(16.0) == predict.CHEAP.choices[2]
-    right = predict.verdict_html("No, it only takes longer", predict.reveal_worse(True, 5))
+    right = predict.verdict_html("No, a wrong guess only costs a little time", predict.reveal_worse(True, 5))
     assert "right!" in right and "word for word the same" in right
-    wrong = predict.verdict_html("Yes, it gets worse", predict.reveal_worse(True, 5))
-    assert "the answer is “No, it only takes longer”" in wrong
+    wrong = predict.verdict_html("Yes, it gets worse", predict.reveal_worse(True, 5), predict.D1_WORSE.text)
+    assert "the answer is “No, a wrong guess only costs a little time”" in wrong
+    # the answer never stands without its question (a teacher saw "No, it only takes longer" beside "a bit faster")
+    assert wrong.index("Question: If the helper guesses wrong") < wrong.index("the answer is")
+    asked = predict.verdict_html(None, predict.reveal_race(1.5), "Which **helper** <i>wins</i>?")
+    assert "Which <b>helper</b> &lt;i&gt;wins&lt;/i&gt;?" in asked  # bold kept, anything else escaped
     assert "You predicted" not in predict.verdict_html(None, predict.reveal_race(1.5))
     q = predict.gamma_question([1, 4, 8])
     assert q.choices == ("γ = 1", "γ = 4", "γ = 8") and predict.reveal_gamma(4, 1.8).right in q.choices

@@ -33,4 +33,4 @@ def ask(page: str, q: Question, note: str = "Answer before you run it; the measu
 
 def reveal(page: str, q: Question, answer: Reveal) -> None:
     """The answer box, judged against the choice the pupil recorded."""
-    st.html(verdict_html(choice(page, q), answer))
+    st.html(verdict_html(choice(page, q), answer, q.text))

@@ -27,7 +27,7 @@ class Reveal:
 
 
 D1_WORSE = Question("worse", "If the helper guesses wrong, does the final answer get worse?",
-                    ("Yes, it gets worse", "No, it only takes longer", "Not sure"))
+                    ("Yes, it gets worse", "No, a wrong guess only costs a little time", "Not sure"))
 RACE = Question("race", "How much faster will the helper make this run?",
                 ("Slower than the big model alone", "About the same", "About twice as fast", "Three times or more"))
 CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, compared with making 1 token?",
@@ -136,8 +136,9 @@ def reveal_workload(best_title: str, best_speedup: float) -> Reveal:
     return Reveal(best_title, f"Measured: {best_title} gained most, {best_speedup:.2f}× as fast as the target alone.")
 
 
-def verdict_html(choice: str | None, reveal: Reveal) -> str:
-    """The answer box: whether the pupil's prediction was right, then the measurement (all escaped)."""
+def verdict_html(choice: str | None, reveal: Reveal, question: str | None = None) -> str:
+    """The answer box: the question it answers, whether the pupil's prediction was right, then the measurement (all
+    escaped; the question's **bold** kept). An answer without its question read as a contradiction beside the run."""
     if choice is None:
         head = f"Answer: {reveal.right}."
     elif choice == reveal.right:
@@ -145,7 +146,14 @@ def verdict_html(choice: str | None, reveal: Reveal) -> str:
     else:
         head = f"You predicted “{choice}”; the answer is “{reveal.right}”."
     why = f" {esc(reveal.why)}" if reveal.why else ""
-    return f'<div class="sv-answer"><b>{esc(head)}</b> {esc(reveal.measured)}{why}</div>'
+    asked = f'<div class="sv-question">Question: {_bold(question)}</div>' if question else ""
+    return f'<div class="sv-answer">{asked}<b>{esc(head)}</b> {esc(reveal.measured)}{why}</div>'
+
+
+def _bold(text: str) -> str:
+    """Escaped text with its Markdown **bold** as <b> (our own question texts use nothing else)."""
+    parts = esc(text).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def helper_question(preset_title: str, helper_titles: Sequence[str]) -> Question:
