@@ -109,8 +109,10 @@ def _controls(has_run: bool) -> None:
                   disabled=not has_run, shortcut="L", help="Finish this round, or show the next one (L)")
         st.button("Replay", key=P + "replay", icon=":material/replay:", on_click=ws.replay, disabled=not has_run,
                   shortcut="Home", help="Replay the recorded rounds from the start (Home). Replays never call a model.")
+        st.button("Show the result now", key=P + "to_end", icon=":material/fast_forward:", on_click=ws.to_end,
+                  disabled=not has_run, shortcut="End", help="Jump the replay to its end (End)")
         st.select_slider("Animation speed", options=list(ws.SPEEDS), key=P + "speed", width=260, persist_state="session")
-    st.caption("Keyboard: **K** play/pause · **J** step back · **L** step one round · **Home** replay")
+    st.caption("Keyboard: **K** play/pause · **J** step back · **L** step one round · **Home** replay · **End** the result")
 
 
 def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
@@ -122,16 +124,30 @@ def _chart(name: str, sig: tuple[Any, ...], build: Callable[[], Any]) -> None:
         chart(cached[1], P + name)
 
 
-def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any, baseline: bool = True) -> None:
-    """One line on the run's progress (and the baseline's, unless `baseline` is False: _baseline_poll says it then),
-    in the level's words; the lanes show the rounds."""
+def _status(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any) -> None:
+    """One line on the run (and the baseline's, if it failed or was stopped), in the level's words; the lanes show
+    the rounds."""
     if spec.state in ("failed", "cancelled", "queued"):
         jobs.show_status(ref.spec_key, spec, "This run", "Play")
     elif line := watch.run_words(spec.generation if spec.state == "done" else None, spec.state == "running",
                                  len(spec.rounds), s.level == "d1", L):
         st.caption(line)
-    if plain is not None and baseline:
+    if plain is not None:
         _baseline_line(ref, plain)
+
+
+def _timing_line(ref: RunRef, spec: JobView, plain: JobView | None, s: Settings, L: Any) -> None:
+    """While the run and its baseline are timed: where each stands, in one light block (the replay comes after)."""
+    if spec.state in ("failed", "cancelled", "queued"):
+        jobs.show_status(ref.spec_key, spec, "This run", "Play")
+    if plain is not None and plain.state in ("failed", "cancelled", "queued"):
+        _baseline_line(ref, plain)
+    made = sum(len(r.new_ids) for r in spec.rounds)
+    base = sum(len(r.new_ids) for r in plain.rounds) if plain is not None else 0
+    total = max(1, 2 * ref.settings.max_new_tokens)
+    st.progress(min(1.0, (made + base) / total), text=watch.measuring_words(
+        made, len(spec.rounds), base, ref.settings.max_new_tokens, s.level == "d1", L))
+    st.caption(watch.still_words(s.level == "d1"))
 
 
 def _baseline_line(ref: RunRef, plain: JobView) -> None:
@@ -143,19 +159,6 @@ def _baseline_line(ref: RunRef, plain: JobView) -> None:
         ahead = jobs.runner().ahead(j) if j and plain.state == "queued" else 0
         made = sum(len(r.new_ids) for r in plain.rounds)
         st.caption(watch.baseline_words(plain.state == "queued", ahead, made, ref.settings.max_new_tokens))
-
-
-def _baseline_poll(ref: RunRef) -> None:
-    """While only the baseline is left: one small line redrawn every 2 s, and the whole page once it is done."""
-
-    @st.fragment(run_every=ws.QUEUE_TICK)
-    def poll() -> None:
-        j = jobs.job(ref.plain_key)
-        if j is None or j.view().finished:
-            st.rerun(scope="app")
-        _baseline_line(ref, j.view())
-
-    poll()
 
 
 def _lanes(rounds: tuple[RoundTrace, ...], cur: pb.Cursor | None, waiting: bool, s: Settings, L: Any) -> str:
@@ -224,7 +227,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
     c1.metric(L["metric_tpc"], f"{last.tokens_per_call:.2f}" if last else "–")
     c2.metric(L["metric_acc"], f"{last.acceptance:.0%}" if last and last.acceptance is not None else "–")
     c3.metric(L["metric_speed"], f"{speed:.2f}×" if speed else "…",
-              **({"delta": "uncertain: busy machine", "delta_color": "off", "delta_arrow": "off"} if busy else
+              **({"delta": "uncertain: busy", "delta_color": "off", "delta_arrow": "off"} if busy else
                  _measuring(speed)),
               help="Target-only ms per token ÷ speculative ms per token, same prompt and settings, measured here. "
                    f"Shown from round {pb.SPEEDUP_FROM_ROUND}: the first rounds include the models warming up.")
@@ -239,7 +242,7 @@ def _figures(shown: tuple[RoundTrace, ...], spec: JobView, plain: JobView | None
         if spec.generation and not metrics.chain_formula_applies(spec.generation.drafter):  # e.g. a tree
             cost = full.verify_steps if full else None
             d2c.metric("nodes per tree", f"{full.gamma:.1f}" if full else "…", **_measuring(full.gamma if full else None))
-            d3c.metric("tree pass cost", f"{cost:.2f} steps" if cost else "…", **_measuring(cost),
+            d3c.metric("tree pass (steps)", f"{cost:.2f}" if cost else "…", **_measuring(cost),
                        help="What one target pass over the whole tree costs, in one-token target steps, measured here. "
                             "Leviathan's expected speed-up is for chains, so it is not shown for trees.")
         else:
@@ -268,8 +271,9 @@ def _shared(spec: JobView, plain: JobView, speedup: float | None, s: Settings) -
     ref = ws.ref()
     if ref is None:
         return None
+    reused = None if watch.timed_together(spec, plain) or plain.timed is None else plain.timed[0]
     return _alone_record().shared(ref, s.pair, spec.sharing, plain.sharing, speedup, plain.generation,
-                                  watch.others_while(spec.cpu, plain.cpu))
+                                  watch.others_during(spec, plain), reused)
 
 
 def _sharing_line(shared: watch.SharedServer, s: Settings) -> None:
@@ -343,16 +347,16 @@ def _live(ref: RunRef, s: Settings, status_at_run: tuple[Any, ...]) -> None:
         st.warning("This run is no longer in memory. Press Play to run it again.")
         return
     rounds = spec.rounds
-    cur, at_end = ws.advance(spec)
     status = ws.tick_status(spec, plain)
     if status != status_at_run and not inline:
         # start/stop ticking and show the end-of-run sections. Not during the page's own run: a job that left
         # the queue a moment ago would rerun the page at once and lose its one-time notes (the next tick does it)
         st.rerun(scope="app")
-
-    _status(ref, spec, plain, s, L, baseline=not ws.waits_for_baseline_only(status))
-    if spec.state == "queued":
-        return  # nothing to replay yet: the place in the queue is all there is to draw (cheap for the server)
+    if ws.measuring(spec, plain):
+        _timing_line(ref, spec, plain, s, L)
+        return
+    cur, at_end = ws.advance(spec)
+    _status(ref, spec, plain, s, L)
     waiting = not spec.finished and (cur is None or at_end)
     state = pb.lane_state(rounds[cur.round], cur.step) if cur else None
     left, right = st.columns([3, 2], gap="large")
@@ -622,14 +626,11 @@ def main() -> None:
 
     spec, plain = ws.views(ref)
     status = ws.tick_status(spec, plain)
-    baseline_only = ws.waits_for_baseline_only(status)
     tick = ws.tick_seconds(ref, status)
     live = st.fragment(run_every=tick)(_live)
     with st.container(key="sv-live"):
         ss[P + "live_inline"] = True
         live(ref, s, status)
-        if baseline_only:
-            _baseline_poll(ref)
     st.divider()
     _same_text(ref, s)
     _drafter_verdict(ref, s, pair.device.type)

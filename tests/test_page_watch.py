@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from specviz import models
 from specviz.app import jobs, pairs, sidebar
+from specviz.app import watch_state as ws
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 XSS = "<img src=x onerror=alert(1)>"
@@ -174,8 +175,12 @@ def test_step_back_step_and_replay_move_the_replay_only():
     assert at.session_state["watch.frame"] > back
     at.button(key="watch.replay").click().run()
     no_exception(at)
-    assert at.session_state["watch.playing"] is True and at.session_state["watch.frame"] <= 1
+    assert at.session_state["watch.playing"] is True and at.session_state["watch.frame"] <= ws.SPEEDS["normal"][1]
     assert jobs.runner().get(spec_key) is job  # replay never re-runs a model
+    at.button(key="watch.to_end").click().run()  # "Show the result now"
+    no_exception(at)
+    assert at.session_state["watch.playing"] is False and at.session_state["watch.frame"] >= end
+    assert "Run complete" in texts(at) and jobs.runner().get(spec_key) is job
 
 
 def test_levels_change_words_not_the_run():
@@ -203,7 +208,8 @@ def test_d1_asks_before_and_answers_after():
     play_to_end(at)
     assert "does not get worse" in html(at)
     # the recorded choice is judged, and the run's own check is quoted
-    assert "You predicted “Yes, it gets worse”; the answer is “No, it only takes longer”" in html(at)
+    assert "You predicted “Yes, it gets worse”; the answer is “No, a wrong guess only costs a little time”" in html(at)
+    assert "Question: If the helper guesses wrong, does the final answer get worse?" in html(at)
     assert "word for word the same" in html(at)
 
 
@@ -394,12 +400,21 @@ def test_a_queued_run_draws_only_its_place_in_the_queue_and_redraws_slowly():
 
 
 def test_the_page_says_how_the_servers_passes_were_shared():
-    """The tiny pair's plain linears are not row-invariant here, so the server gives each run its own passes and says so."""
+    """The tiny pair's plain linears are not row-invariant here, so the server gives each run its own passes and says so;
+    where the plain run was reused from an earlier test's Play (same prompt and settings), the caption says that instead:
+    every caption describes the run it stands beside."""
+    from specviz.labs import watch
     from specviz.serve.exact import batch_exactness
 
     at = play_to_end(make_app(level="d5"))
     exact = batch_exactness(models.load_pair("tiny-random").target).exact
     words = texts(at)
+    ref = at.session_state["watch.run"]
+    spec, plain = jobs.job(ref.spec_key).view(), jobs.job(ref.plain_key).view()
+    if not watch.timed_together(spec, plain):
+        assert "it was timed at" in words and "for the same prompt and settings" in words
+        assert "only with each other" not in words and "a big-model pass of its own" not in words
+        return
     if exact:
         assert "shared the big model's passes" in words or "runs** at once" in words
     else:
@@ -499,7 +514,7 @@ def test_a_busy_machine_gets_no_verdict_only_a_warning(noisy, others, max_new, m
             assert ("The machine was busy while these runs were timed" in words) == busy
             assert ("3.0×" in words) == noisy  # the spread it judged by, beside the rule
             assert ("other programs used 1.0 of the 2 cores" in words) == hog  # or the CPU others took
-            assert ("uncertain: busy machine" in str(at.metric)) == busy
+            assert ("uncertain: busy" in str(at.metric)) == busy
 
 
 def test_d5_draws_acceptance_by_position_from_the_rounds_shown():
@@ -530,3 +545,69 @@ def test_a_run_drafted_by_the_head_says_what_the_helper_is_and_at_d5_its_figures
     at.radio(key="cfg.level").set_value("d1").run()
     no_exception(at)
     assert not [d for d in at.dataframe if "helper" in d.value.columns]  # D1: words only
+
+
+def test_a_reused_plain_run_is_said_to_be_reused_and_its_time_apart_is_never_judged():
+    """A plain run timed at another moment (same prompt and settings, an earlier Play) is reused: the caption says when
+    it was timed instead of "shared the big model's passes only with each other", each run's CPU window is judged on its
+    own (the minutes between them are not), and the pair is not remembered as the server's free figure."""
+    from types import SimpleNamespace
+
+    from specviz.labs import watch
+    from specviz.serve.batch import Sharing
+    from specviz.settings import Settings
+
+    from specviz.host import CpuSample
+
+    def window(start: CpuSample, seconds: float, others: float, own: float = 0.9) -> tuple[CpuSample, CpuSample]:
+        return start, CpuSample(start.busy_s + seconds * (others + own), start.own_s + seconds * own,
+                                start.wall_s + seconds, 2)
+
+    first = CpuSample(100.0, 5.0, 1000.0, 2)
+    earlier = SimpleNamespace(timed=(1000.0, 1020.0), cpu=window(first, 20, 0.1))
+    # 3980 s later; meanwhile other programs kept both cores busy (a browser replaying other runs, a video call)
+    gap_end = window(earlier.cpu[1], 3980, 1.9, own=0.1)[1]
+    now = SimpleNamespace(timed=(5000.0, 5010.0), cpu=window(gap_end, 10, 0.2))
+    beside = SimpleNamespace(timed=(5000.5, 5015.0), cpu=window(gap_end, 15, 0.2))
+    assert watch.timed_together(now, beside) and not watch.timed_together(now, earlier)
+    # the minutes between them held a page replaying other runs (2 cores busy): a union window would flag it
+    assert watch.others_while(now.cpu, earlier.cpu).cores > watch.BUSY_OTHERS
+    assert watch.others_during(now, earlier).cores == pytest.approx(0.2)  # each judged alone: quiet
+    record, s = watch.AloneRecord(), Settings(pair="tiny-random")
+    ref = watch.run_ref("tiny-random", "hello", s)
+    shared = record.shared(ref, "tiny-random", Sharing(4, 8, 2), Sharing(12, 24, 2), 1.8, None,
+                           watch.others_during(now, earlier), earlier.timed[0])
+    assert not shared.busy and shared.alone_speedup is None  # not remembered: not timed together
+    at = time.strftime("%H:%M", time.localtime(1000.0))
+    for level in ("d2", "d5"):
+        line = watch.sharing_words(shared, level, "hello")
+        assert f"timed at {at} for the same prompt" in line and "only with each other" not in line
+    assert f"at {at}" in watch.sharing_words(shared, "d1", "hello")
+
+
+def test_a_visitors_own_prompt_is_theirs_alone_outside_a_classroom(monkeypatch):
+    """A custom prompt's runs (and its plain run) carry the visitor: a second visitor typing the same text gets runs of
+    their own, and learns nothing of the first; the presets, and every prompt in a classroom, are shared by settings."""
+    from specviz.labs import watch
+    from specviz.presets import PRESETS
+    from specviz.settings import Settings
+
+    s = Settings(pair="tiny-random")
+    a, b = (watch.run_ref("tiny-random", "my own words", s, owner=o) for o in ("visitor-a", "visitor-b"))
+    assert a.spec_key != b.spec_key and a.plain_key != b.plain_key and a.asks == b.asks
+    shared = watch.run_ref("tiny-random", PRESETS[0].prompt, s)
+    assert shared.plain_key[-1] is None and shared.spec_key[-1] is None
+
+    visitor = {"id": "visitor-a"}
+    monkeypatch.setattr(jobs, "owner_id", lambda: visitor["id"])
+    keys = {}
+    for who in ("visitor-a", "visitor-b"):
+        visitor["id"] = who
+        keys[who] = play_to_end(make_app(prompt="words only these two visitors typed")).session_state["watch.run"]
+    assert keys["visitor-a"].plain_key != keys["visitor-b"].plain_key  # each visitor's own plain run and run
+    assert keys["visitor-a"].spec_key != keys["visitor-b"].spec_key
+    monkeypatch.setenv("SPECVIZ_CLASSROOM", "1")  # a classroom: one server's pupils share its runs on purpose
+    for who in ("visitor-a", "visitor-b"):
+        visitor["id"] = who
+        keys[who] = play_to_end(make_app(prompt="words a whole class typed")).session_state["watch.run"]
+    assert keys["visitor-a"].plain_key == keys["visitor-b"].plain_key

@@ -19,7 +19,7 @@ ABOUT = ("One record per picture the README shows, written by tests/test_browser
          "page's own text in Chromium (null: the page did not show it); uncommitted_changes: app.py, pages/ or specviz/ "
          "differed from the commit. tests/test_readme_pictures.py checks each against the file on disk.")
 # what the Watch page says when the timing was disturbed (D5's metric, D2/D5's warning, D1's sentence)
-BUSY_WORDS = ("uncertain: busy machine", "The machine was busy while these runs were timed",
+BUSY_WORDS = ("uncertain: busy", "The machine was busy while these runs were timed",
               "The computer was busy with something else while we timed it")
 PAIR_TITLES = {get_spec(name).title: name for name in PAIR_NAMES}  # the sidebar box shows titles, the record names
 
@@ -121,7 +121,7 @@ def test_a_record_sees_the_busy_flag_at_d1_and_d5() -> None:
           "The computer was busy with something else while we timed it, so we cannot tell this time how much sooner.")
     record = picture_record("screenshot-d1.png", d1, b"", "abc", False, "2026-12-02")
     assert (record["pair"], record["busy"], record["speedup"], record["draft_precision"]) == ("smollm2-135m", True, None, None)
-    d5 = D5_PAGE.replace("1.31× ()", "1.31× (uncertain: busy machine)")
+    d5 = D5_PAGE.replace("1.31× ()", "1.31× (uncertain: busy)")
     assert picture_record("screenshot-d5.png", d5, b"", "abc", False, "2026-12-02")["busy"] is True
     d1_quiet = "box: Model pair (draft → target) = Qwen2.5-Coder 0.5B → 1.5B\nWith the helper it was a bit faster."
     assert picture_record("screenshot-d1.png", d1_quiet, b"", "abc", False, "2026-12-02")["speedup"] == "a bit faster"

@@ -407,3 +407,24 @@ def test_long_context_prompts_are_different_windows_of_one_document():
     assert len({tuple(w) for w in windows}) == 4
     prompts = batch_prompts(12)
     assert len(set(prompts)) == 12 and prompts[0].startswith("def fibonacci")  # the presets first
+
+
+def test_a_verdict_is_remembered_in_the_cache_for_the_same_model_code_and_machine(tmp_path, monkeypatch):
+    """The start-up check's verdict is written beside the weights and read at the next start (same key): it is not
+    measured again; another key (another kernel, precision or code) measures."""
+    from specviz.models import load_pair
+    from specviz.serve import exact
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    calls = []
+    real = exact._check
+    monkeypatch.setattr(exact, "_check", lambda model, rows: calls.append(rows) or real(model, rows))
+    key = exact.verdict_key("tiny-random", "fp32", "oneDNN, float32")
+    assert key == exact.verdict_key("tiny-random", "fp32", "oneDNN, float32")
+    assert key != exact.verdict_key("tiny-random", "fp16w", "rowgemm avx512, fp16 weights")
+    first = exact.batch_exactness(load_pair("tiny-random").target, 16, remember=key)
+    assert calls == [16] and (tmp_path / "exactness" / f"{key}.json").is_file()
+    again = exact.batch_exactness(load_pair("tiny-random").target, 16, remember=key)  # a new model object
+    assert calls == [16] and again.exact == first.exact and "an earlier start" in again.reason
+    exact.batch_exactness(load_pair("tiny-random").target, 32, remember=key)  # more rows than remembered
+    assert calls == [16, 32]

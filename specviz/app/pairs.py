@@ -17,7 +17,7 @@ from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
 from specviz.core.trace import GenerationConfig
-from specviz.serve.exact import batch_exactness
+from specviz.serve.exact import batch_exactness, verdict_key
 
 log = logging.getLogger("specviz.app")
 WARMUP_TEXT = "def add(a, b):\n    return a + b\n"
@@ -39,7 +39,9 @@ def _load(name: str, progress: Any) -> models.LoadedPair:
     drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
     progress(0.98, "checking that runs may share the target's passes (same bits as alone)")
-    log.info("%s: %s", name, batch_exactness(pair.target).reason)  # measured once here, not in a pupil's first run
+    # measured once per model, code and machine (then read from the cache folder), never in a pupil's first run
+    key = verdict_key(name, pair.target_precision, pair.target_kernel, pair.draft_kernel, str(pair.device))
+    log.info("%s: %s", name, batch_exactness(pair.target, remember=key).reason)
     gc.collect()
     gc.freeze()  # the models' objects are permanent: later collections need not walk them (shorter GIL pauses)
     progress(1.0, "ready")

@@ -15,20 +15,21 @@ from specviz.core.memory import Memory
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
 from specviz.models import datastore
-from specviz.presets import DEFAULT_PRESET, get_preset
+from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
 from specviz.serve.worker import JobView
 from specviz.settings import MAX_PROMPT_CHARS, Settings
 from specviz.viz import playback as pb
 
 P = "watch."  # session_state prefix of the page
-# name -> (seconds per tick, frames per tick). Ticks stay at 2-3 per second at most: the browser and
-# the models share this machine's CPU, and every redraw slows the runs being measured.
+# name -> (seconds per tick, frames per tick). Ticks stay at 2-3 per second at most: the browser redraws the page at
+# each. The replay starts once both runs are measured (the page stays still while they are timed), so it no longer
+# slows them; "normal" replays a 64-token run (about 130 frames: each drafted token, each verdict, each round's end)
+# in about 26 s.
 SPEEDS: dict[str, tuple[float, int]] = {
-    "slow": (0.9, 1), "normal": (0.45, 1), "fast": (0.35, 2), "fastest": (0.35, 4),
+    "slow": (0.6, 1), "normal": (0.4, 2), "fast": (0.35, 3), "fastest": (0.35, 6),
 }
-WAIT_TICK = 1.0  # seconds between redraws while paused and a run is still computing
-# While a run waits in the queue the page draws only its place in it, every 2 s (and once the replay has
-# ended and only the baseline is left, only the baseline's line, every 2 s): measured with
+WAIT_TICK = 1.0  # seconds between redraws while the runs are measured (a progress line only) or paused
+# While a run waits in the queue the page draws only its place in it, every 2 s: measured with
 # `loadtest --sessions 30 --pair qwen-coder --class-mix`, 30 pages redrawing the whole live view at the
 # playback tick while they waited made the class's 18 runs and baselines take 603 s instead of 358 s.
 QUEUE_TICK = 2.0
@@ -136,6 +137,18 @@ def back() -> None:
     ss[P + "frame"] = pb.round_end_frame(found, cur.round - 1) if cur.round > 0 else 0
 
 
+def to_end() -> None:
+    """Show the result now: the replay jumps to its last frame (the runs are measured already)."""
+    ss[P + "frame"] = pb.total_frames(rounds())
+    ss[P + "playing"] = False
+
+
+def measuring(spec: JobView | None, plain: JobView | None) -> bool:
+    """The run or its baseline is still being timed: the live view then keeps still but for one progress line, so
+    that the page redrawing beside them cannot slow them (on 2 cores a redrawing page used 0.76 of a core)."""
+    return bool(spec is not None and not spec.finished or plain is not None and not plain.finished)
+
+
 def replay() -> None:
     ss[P + "frame"] = 0
     ss[P + "playing"] = ref() is not None
@@ -190,13 +203,19 @@ def _asked_run(pair_name: str, text: str, s: Settings) -> RunRef:
     A remembering run on screen with the same settings is resumed while it computes or replays; once replayed to
     its end (or gone from the runner), Play makes the visitor's next run, numbered anew so it is never shared.
     """
-    asked = watch.run_ref(pair_name, text, s)
+    owner = None if is_preset(text) or current_policy().classroom else jobs.owner_id()
+    asked = watch.run_ref(pair_name, text, s, owner=owner)
     if not watch.remembers(s):
         return asked
     old = ref()
     if old is not None and old.asks == asked.asks and jobs.job(old.spec_key) is not None and not _replayed_to_end(old):
         return old
-    return watch.run_ref(pair_name, text, s, run=(jobs.owner_id(), jobs.memories().next_run()))
+    return watch.run_ref(pair_name, text, s, run=(jobs.owner_id(), jobs.memories().next_run()), owner=owner)
+
+
+def is_preset(text: str) -> bool:
+    """Whether a prompt is one of the app's presets (their runs are shared by every visitor)."""
+    return any(p.prompt == text for p in PRESETS)
 
 
 def _memory_maker(pair: Any, s: Settings) -> Callable[[], Memory | None]:
@@ -241,12 +260,6 @@ def tick_status(spec: JobView | None, plain: JobView | None) -> Status:
             bool(spec is not None and spec.state == "queued"))
 
 
-def waits_for_baseline_only(status: Status) -> bool:
-    """The run is done, its replay has stopped, and only the baseline is left: the live view has nothing to redraw."""
-    run_done, baseline_done, playing, _ = status
-    return run_done and not baseline_done and not playing
-
-
 def next_up(run: RunRef) -> bool:
     """Whether the run waits for nothing but the worker to pick it up (no job runs or waits before it)."""
     j = jobs.job(run.spec_key)
@@ -258,6 +271,6 @@ def tick_seconds(run: RunRef, status: Status) -> float | None:
     finished, playing, queued = status[:2], status[2], status[3]
     if queued:  # nothing moves but a place in the queue
         return NEXT_UP_TICK if next_up(run) else QUEUE_TICK
-    if waits_for_baseline_only(status):  # nothing in the live view moves at all: the baseline's own line polls
-        return None
-    return SPEEDS[ss[P + "speed"]][0] if playing else (WAIT_TICK if not all(finished) else None)
+    if not all(finished):  # being measured: one progress line a second
+        return WAIT_TICK
+    return SPEEDS[ss[P + "speed"]][0] if playing else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,14 +49,18 @@ def remembers(s: Settings) -> bool:
     return drafters.spec(s.drafter).remembers
 
 
-def run_ref(pair: str, prompt: str, s: Settings, run: tuple[str, int] | None = None) -> RunRef:
+def run_ref(pair: str, prompt: str, s: Settings, run: tuple[str, int] | None = None,
+            owner: str | None = None) -> RunRef:
     """The keys of a run with these settings (γ and the drafter do not change the baseline, so it is shared).
 
     `run`: (visitor, run number) for a drafter that remembers. Its drafts depend on the visitor's earlier runs, so two
     visitors, or one visitor's second Play, must not share one run; None for every other drafter (shared by settings).
+    `owner`: the visitor, for a prompt of their own outside a classroom: its runs and plain run are theirs alone (a
+    second visitor who typed the same text would otherwise get them at once, and learn that someone had); None shares
+    by settings (the presets, and every prompt in a classroom, whose pupils share one server's runs on purpose).
     """
-    return RunRef(("watch.spec", pair, prompt, s.drafter, s.generation_config(), run),
-                  ("watch.plain", pair, prompt, s.baseline_config()), prompt, s)
+    return RunRef(("watch.spec", pair, prompt, s.drafter, s.generation_config(), run, owner),
+                  ("watch.plain", pair, prompt, s.baseline_config(), owner), prompt, s)
 
 
 def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings, memory: Memory | None = None) -> SharedRun:
@@ -108,6 +113,7 @@ class SharedServer:
     alone_prompt: str | None  # the prompt of that measurement
     disturbed: float | None = None  # the baseline's step-time spread, where it says the machine was busy (else None)
     others: OthersUse | None = None  # what other programs used of the CPUs, where it says the machine was busy (else None)
+    plain_timed_at: float | None = None  # the plain run was reused, not run beside this one: when it was (time.time())
 
     @property
     def busy(self) -> bool:
@@ -133,6 +139,22 @@ def _pair_settings(pair: str, s: Settings) -> tuple[Any, ...]:
 #   `python -c "while True: pass"`: 1.00 on an idle machine, 0.98 during a qwen-coder run, 1.02-1.03 with the browser
 #   during one (the hog itself gets 0.55 there: it shares the cores with the run's threads).
 BUSY_OTHERS = 0.75
+
+
+def timed_together(spec: Any, plain: Any) -> bool:
+    """Whether a run and its plain twin were computed at the same time (their windows overlap), as a fresh Play makes
+    them; False where the plain run was reused from an earlier run of the same prompt and settings."""
+    a, b = getattr(spec, "timed", None), getattr(plain, "timed", None)
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
+def others_during(spec: Any, plain: Any) -> OthersUse | None:
+    """What other programs used while the runs were timed: over both runs' window when they ran together; else each
+    run's own window, judged alone, the busier one (the hours between a reused plain run and this one never count)."""
+    if timed_together(spec, plain):
+        return others_while(spec.cpu, plain.cpu)
+    alone = [u for u in (others_while(spec.cpu), others_while(plain.cpu)) if u is not None]
+    return max(alone, key=lambda u: u.cores) if len(alone) == 2 else None
 
 
 def others_while(*spans: tuple[CpuSample, CpuSample] | None) -> OthersUse | None:
@@ -164,13 +186,15 @@ class AloneRecord:
 
     def shared(self, ref: RunRef, pair: str, spec: Sharing | None, plain: Sharing | None,
                speedup: float | None, plain_run: Generation | None = None,
-               others: OthersUse | None = None) -> SharedServer | None:
+               others: OthersUse | None = None, plain_timed_at: float | None = None) -> SharedServer | None:
         """The sharing of a finished run and its baseline; a clean run that had the server alone is remembered.
 
         With the server to itself, a baseline whose steps spread beyond NOISY_SPREAD, or other programs that kept
         more than BUSY_OTHERS cores busy meanwhile (`others`, from others_while), say the machine was busy with
         something else: that speed-up is uncertain, and it is neither remembered nor given a verdict.
-        (Sharing a server changes the steps' cost as runs come and go, so both only judge a run alone.)"""
+        (Sharing a server changes the steps' cost as runs come and go, so both only judge a run alone.)
+        `plain_timed_at`: the plain run was reused from an earlier run (when it was timed): the caption says so, and
+        such a pair is not remembered as this server's free figure."""
         if spec is None or plain is None:
             return None
         most = max(spec.most, plain.most)
@@ -181,14 +205,15 @@ class AloneRecord:
         passes = spec.passes + plain.passes
         mean = (spec.runs_total + plain.runs_total) / passes if passes else 1.0
         with self._lock:
-            if most <= 2 and speedup is not None and disturbed is None and hogged is None:  # only the run and its baseline
+            clean = disturbed is None and hogged is None and plain_timed_at is None
+            if most <= 2 and speedup is not None and clean:  # only the run and its baseline, timed together
                 self._found[key] = (speedup, ref.prompt)
                 self._found.move_to_end(key)
                 while len(self._found) > self._max:
                     self._found.popitem(last=False)
             alone = self._found.get(key)
         return SharedServer(round(mean, 1), most, alone[0] if alone else None, alone[1] if alone else None, disturbed,
-                            hogged)
+                            hogged, plain_timed_at)
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,6 +234,23 @@ def run_words(generation: Generation | None, running: bool, rounds_done: int, d1
             f":material/check_circle: Run complete: {len(g.tokens)} tokens in {g.target_calls} target calls "
             f"({'stopped at end-of-text' if g.stop_reason == 'eos' else 'reached max new tokens'}).")
     return done + " The animation replays the recorded rounds."
+
+
+def measuring_words(made: int, rounds: int, base: int, max_new_tokens: int, d1: bool, L: Any) -> str:
+    """The one line the page shows while both runs are timed."""
+    if d1:
+        return (f"Timing both: with the helper {made}/{max_new_tokens} {L['tokens']} in {rounds} big-model turns; "
+                f"the big model alone {base}/{max_new_tokens}.")
+    return (f"Timing both runs: speculative {made}/{max_new_tokens} tokens in {rounds} rounds; "
+            f"plain decoding {base}/{max_new_tokens} tokens.")
+
+
+def still_words(d1: bool) -> str:
+    """Why the page keeps still while the runs are timed."""
+    if d1:
+        return "The page waits quietly while the computer times both, so that drawing does not slow them down. Then it plays."
+    return ("The page keeps still while both runs are timed, so that drawing it cannot slow them; the rounds replay "
+            "from the recording as soon as both are done (at measured speed in the race below).")
 
 
 def baseline_words(queued: bool, ahead: int, made: int, max_new_tokens: int) -> str:
@@ -240,6 +282,13 @@ def busy_warning(shared: SharedServer) -> str:
 def sharing_words(shared: SharedServer, level: str, shown_prompt: str) -> str | None:
     """How many runs shared this run's target passes and how both were timed; (D5) the pair's figure on a free server.
     `shown_prompt`: the remembered prompt, already made safe to echo."""
+    if shared.plain_timed_at is not None:
+        at = time.strftime("%H:%M", time.localtime(shared.plain_timed_at))
+        if level == "d1":
+            return f"The big model alone was timed earlier, at {at}, on this same text, and its time is used again."
+        return (f"The plain run was not run beside this one: it was timed at {at} for the same prompt and settings "
+                "(its tokens do not depend on the helper) and is reused here, so the two were timed at different "
+                "moments.")
     if level == "d1":
         if shared.most > 2:  # only a busy server needs saying: the words of the busy-server lesson
             return (f"The big model was also busy with other pupils' writing (up to {shared.most - 2} more at once), "

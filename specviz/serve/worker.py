@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ class JobView:
     error: str | None
     sharing: Sharing | None = None  # a shared run, once done: how many runs its target passes served
     cpu: tuple[CpuSample, CpuSample] | None = None  # a shared run, once done: the machine's CPU at its start and end
+    timed: tuple[float, float] | None = None  # once done: wall-clock start and end (time.time()), when it was computed
 
     @property
     def finished(self) -> bool:
@@ -161,11 +163,14 @@ class Job:
         self._sharing: Sharing | None = None
         self._cpu_start: CpuSample | None = None
         self._cpu: tuple[CpuSample, CpuSample] | None = None
+        self._began: float | None = None
+        self._timed: tuple[float, float] | None = None
         self._cancel = threading.Event()
 
     def view(self) -> JobView:
         with self._lock:
-            return JobView(self._state, tuple(self._rounds), self._generation, self._error, self._sharing, self._cpu)
+            return JobView(self._state, tuple(self._rounds), self._generation, self._error, self._sharing, self._cpu,
+                           self._timed)
 
     def cancel(self) -> None:
         """Stop after the current round (a queued job never starts)."""
@@ -182,6 +187,7 @@ class Job:
             self._set_state("cancelled")
             return
         self._set_state("running")
+        self._began = time.time()
         try:
             steps = self._make()
             self._make = None  # type: ignore[assignment]  # its closure holds the models: a released pair must be freeable
@@ -195,6 +201,7 @@ class Job:
                 except StopIteration as done:
                     with self._lock:
                         self._generation, self._state = done.value, "done"
+                        self._timed = (self._began, time.time())
                     return
                 with self._lock:
                     self._rounds.append(trace)
@@ -220,6 +227,7 @@ class Job:
         finally:
             self._make = None  # type: ignore[assignment]  # its closure holds the models: a released pair must be freeable
         self._cpu_start = cpu_sample()  # with the one at its end: what other programs took while it was timed
+        self._began = time.time()
         self._set_state("running")
         return run
 
@@ -238,6 +246,7 @@ class Job:
             else:
                 self._generation, self._sharing, self._state = outcome.generation, outcome.sharing, "done"
                 self._cpu = (self._cpu_start, end) if self._cpu_start is not None and end is not None else None
+                self._timed = (self._began, time.time()) if self._began is not None else None
 
 
 _IDLE: Any = object()  # what _next_alone answers when the worker has nothing to do
