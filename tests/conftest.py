@@ -1,5 +1,12 @@
 """Shared pytest set-up: markers, small fixtures, and how tests run two at a time (tests/run.sh starts two workers)."""
 
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 DEFAULT_PAIR_GROUP = "default-pair"
@@ -11,6 +18,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "browser: drives Debian's chromium through Playwright")
     config.addinivalue_line("markers", "default_pair: loads the default pair's weights outside the `qwen_pair` fixture "
                                        "(in this process or a child); runs on the worker that holds that pair")
+    config.addinivalue_line("markers", "quiet: times real runs and judges whether the machine was busy: runs while the "
+                                       "other worker runs nothing (see _share_the_machine)")
 
 
 def _holds_default_pair(item: pytest.Item) -> bool:
@@ -65,3 +74,42 @@ def qwen_pair():
     from specviz.models import load_pair
 
     return load_pair("qwen-coder")
+
+
+def _lock_file(name: str) -> Path:
+    """A lock file the two workers of this run share (another run's are its own)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "solo")
+    return Path(tempfile.gettempdir()) / f"specviz-tests-{os.getuid()}-{run}.{name}"
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    with open(path, "a") as fh:
+        fcntl.flock(fh, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With two workers, a test marked `quiet` runs while the other worker runs no test: it takes the gate (no test
+    starts while it waits or runs) and then the machine (it waits for the test running there to end). Every other test
+    passes the gate and holds the machine shared. Such a test plays real runs live in Chromium and asserts that the page
+    did not flag them busy: a suite test on the other core would rightly make it so."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing else runs beside a test
+        yield
+        return
+    gate, machine = _lock_file("gate"), _lock_file("machine")
+    if request.node.get_closest_marker("quiet"):
+        with _flock(gate, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
+            yield
+        return
+    with open(machine, "a") as held:
+        with _flock(gate, fcntl.LOCK_SH):
+            fcntl.flock(held, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)

@@ -146,39 +146,8 @@ def _wait_for_the_replay_end(page, seconds: int) -> None:
 
 
 def _play(page) -> None:
-    """Press Play. For the README's pictures the runs are computed while no page redraws (see _away_until_computed),
-    then replayed: on these 2 cores the Watch page redrawing beside the runs stretched the plain run's steps 1.6-2.7×
-    and the page rightly said the machine was busy (with no browser at all the spread was 1.14-1.25×)."""
-    from playwright.sync_api import expect
-
-    pause = page.get_by_role("button", name=re.compile(r"^Pause\b"))
+    """Press Play. The page keeps still while the runs are timed (one progress line), then replays them."""
     page.get_by_role("button", name=PLAY).click()
-    if README_SHOTS:
-        pause.click()
-        _away_until_computed(page)
-        page.get_by_role("button", name=PLAY).click()
-        expect(pause).to_be_visible()  # the replay runs again (until then Play still shows: "the replay has ended")
-
-
-def _open_in_app(page, title: str) -> None:
-    """Open another page of the app in this session (its runs and state kept), even with a phone's sidebar closed."""
-    page.locator('[data-testid="stSidebarNavLink"]').filter(has_text=title).first.dispatch_event("click")
-
-
-def _away_until_computed(page, seconds: int = 600) -> None:
-    """Wait on Why checking is cheap (it redraws nothing before a button is pressed) until the Watch page's runs are
-    both done, looking back every 10 s: a paused Watch page still redraws each second while its runs compute."""
-    from playwright.sync_api import expect
-
-    race = page.get_by_role("button", name=re.compile("Start the race"))
-    for _ in range(seconds // 10):
-        _open_in_app(page, "Why checking is cheap")
-        page.wait_for_timeout(10_000)
-        _open_in_app(page, "Watch it work")
-        expect(race.or_(page.get_by_text("The race starts once both runs are measured")).first).to_be_visible()
-        if race.count():
-            return
-    raise AssertionError(f"the Watch page's runs were not done after {seconds} s")
 
 
 def _no_exception(page) -> None:

@@ -39,8 +39,11 @@ def _load(name: str, progress: Any) -> models.LoadedPair:
     drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
     progress(0.98, "checking that runs may share the target's passes (same bits as alone)")
-    # measured once per model, code and machine (then read from the cache folder), never in a pupil's first run
-    key = verdict_key(name, pair.target_precision, pair.target_kernel, pair.draft_kernel, str(pair.device))
+    # measured here, never in a pupil's first run; a target on rowgemm (rows exact by construction) is checked once per
+    # model, code and machine, then read from the cache folder. Other kernels are checked at each start: oneDNN's
+    # fp32 rows agreed for one load of the tiny pair and not for another (its paths follow the memory's alignment)
+    key = (verdict_key(name, pair.target_precision, pair.target_kernel, pair.draft_kernel, str(pair.device))
+           if pair.target_kernel.startswith("rowgemm") else None)
     log.info("%s: %s", name, batch_exactness(pair.target, remember=key).reason)
     gc.collect()
     gc.freeze()  # the models' objects are permanent: later collections need not walk them (shorter GIL pauses)

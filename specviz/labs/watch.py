@@ -168,9 +168,16 @@ def others_while(*spans: tuple[CpuSample, CpuSample] | None) -> OthersUse | None
     return OthersUse(cores, last.cpus) if cores is not None else None
 
 
-def step_spread(plain: Generation) -> float | None:
-    """Upper ÷ lower quartile of a target-only run's step times (None with too few steps to judge)."""
-    steps = sorted(r.verify_ms for r in plain.rounds)
+def step_spread(plain: Generation, shared: int = 0) -> float | None:
+    """Upper ÷ lower quartile of a target-only run's step times, over the steps it took alone: after its first `shared`
+    steps, which were the passes it shared with its twin's verify passes (a step each while both ran). Those are the
+    same passes for both runs, so a disturbance there slows both alike; and their sizes differ from round to round (a
+    tree's nodes, an adaptive γ), so mixed in they look like a disturbance by themselves (a tree run: 1.8× on a quiet
+    machine). None with too few steps to judge (8)."""
+    return _quartile_ratio(sorted(r.verify_ms for r in plain.rounds[shared:]))
+
+
+def _quartile_ratio(steps: list[float]) -> float | None:
     if len(steps) < 8 or steps[len(steps) // 4] <= 0:
         return None
     return steps[(3 * len(steps)) // 4] / steps[len(steps) // 4]
@@ -198,7 +205,9 @@ class AloneRecord:
         if spec is None or plain is None:
             return None
         most = max(spec.most, plain.most)
-        spread = step_spread(plain_run) if plain_run is not None else None
+        # its passes shared with its twin (each adds two runs to its total, one pass): its first steps (step_spread)
+        shared_steps = max(0, plain.runs_total - plain.passes)
+        spread = step_spread(plain_run, shared_steps) if plain_run is not None else None
         disturbed = spread if spread is not None and spread > NOISY_SPREAD and most <= 2 else None
         hogged = others if others is not None and others.cores > BUSY_OTHERS and most <= 2 else None
         key = _pair_settings(pair, ref.settings)
