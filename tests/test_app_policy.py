@@ -147,6 +147,7 @@ def test_echoed_link_values_stay_one_short_line_inside_their_code_span():
     for note in notes:
         assert "\n" not in note and note.count("`") == 2 and len(note) < 160
     assert shown("plain") == "plain"
+    assert all(shown(raw) == "…" for raw in HOSTILE_PAIRS.values())  # a path or hub id is never echoed
 
 
 QUERY_NAMES = st.sampled_from([*QUERY_KEYS, "prompt", "preset", "speed", "autoplay", "x", ""])

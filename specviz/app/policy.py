@@ -19,7 +19,7 @@ from typing import Any
 
 from specviz.models.registry import split_ref
 from specviz.core import drafters as drafter_registry
-from specviz.app.settings import _first, parse_query
+from specviz.app.settings import _first, looks_like_path_or_hub, parse_query
 from specviz.core.limits import APP_MAX_NEW_RANGE
 from specviz.settings import Settings
 
@@ -183,12 +183,6 @@ def load_policy(named: Sequence[str], env: Mapping[str, str], secrets: Mapping[s
 # ------------------------------------------------------------------------------------------
 # Applying it to what a visitor asked for
 # ------------------------------------------------------------------------------------------
-
-
-def looks_like_path_or_hub(raw: str) -> bool:
-    """A pair name that points outside the registry: a hub id, a folder, a home or parent reference."""
-    text = raw.strip()
-    return text.lower().startswith("hf:") or any(ch in text for ch in "/\\~") or ".." in text
 
 
 def pair_note(raw: str, policy: Policy, default: str, title: str) -> str:

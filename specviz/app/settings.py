@@ -22,12 +22,22 @@ QUERY_KEYS: dict[str, str] = {  # query-string name -> Settings field
 SHOWN_CHARS = 40  # a link's value is echoed in a note at most this long
 
 
+def looks_like_path_or_hub(raw: str) -> bool:
+    """A value that points outside the registry: a hub id, a folder, a home or parent reference."""
+    text = str(raw).strip()
+    return text.lower().startswith("hf:") or any(ch in text for ch in "/\\~") or ".." in text
+
+
 def shown(raw: str) -> str:
     """A link's value as a note may echo it: one line, short, and unable to leave its `code` span.
 
     Notes are Markdown: a backtick would end the code span and let a link smuggle in an image
     that calls another server, so backticks, control characters and line breaks become spaces.
+    A value that looks like a path or a hub id is not echoed at all: it may name a place on the
+    server, and the note stays on the page until the visitor changes a setting.
     """
+    if looks_like_path_or_hub(raw):
+        return "…"
     flat = "".join(" " if ch == "`" or not ch.isprintable() else ch for ch in str(raw))
     return flat if len(flat) <= SHOWN_CHARS else flat[: SHOWN_CHARS - 1] + "…"
 

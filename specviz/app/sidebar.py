@@ -107,8 +107,7 @@ def sidebar_settings() -> Settings:
     rules = current_policy()
     _hold_to(rules)
     sb = st.sidebar
-    for note in st.session_state.pop(K + "notes", []):
-        sb.warning(note, icon=":material/link:")
+    notes_box = sb.container()  # filled once the settings are known: the link's notes stay until the visitor changes them
     sb.radio("Explanation level", LEVELS, key=K + "level", format_func=LEVEL_TITLES.get, horizontal=True, persist_state="session",
              help="Changes the words and how much is shown, never the run itself.")
     pair = st.session_state.get(K + "pair", start_pair().pair)
@@ -144,8 +143,22 @@ def sidebar_settings() -> Settings:
     if changed:
         log.warning("settings held to the policy: %s", changed)
     st.session_state[K + "settings"] = settings
+    _show_link_notes(notes_box, settings)
     _write_query(to_query(settings), QUERY_KEYS)
     return settings
+
+
+def _show_link_notes(box: Any, settings: Settings) -> None:
+    """The link's notes, on every run until the visitor changes a setting: a page that reruns itself (Play does)
+    must not wipe them a moment after they appeared."""
+    ss = st.session_state
+    notes = ss.get(K + "notes", [])
+    shown_for = ss.setdefault(K + "notes_for", settings)
+    if not notes or shown_for != settings:
+        ss.pop(K + "notes", None)
+        return
+    for note in notes:
+        box.warning(note, icon=":material/link:")
 
 
 @functools.lru_cache(maxsize=1)
