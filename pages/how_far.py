@@ -217,11 +217,8 @@ def _shape_section(pair, s: Settings) -> None:
                      chain_or_tree.SIZE_CHOICES, selection_mode="multi", key=P + "shape_sizes", persist_state="session",
                      help="Each n is a chain of n guesses and a tree of n nodes, on both prompts.")
     helper = chain_or_tree.helper_for(s.drafter)
-    if helper == "model" and pair.draft is None:
-        st.info("This pair has no draft model: a tree grows from the draft's probabilities.", icon=":material/info:")
-        return
-    if helper == "head" and pair.head is None:
-        st.info("This pair has no trained head to grow a tree from.", icon=":material/info:")
+    if (no := chain_or_tree.why_not(pair, helper)) is not None:
+        st.info(no, icon=":material/info:")
         return
     cfg, problem = None, None if sizes else "Choose at least one n to compare."
     if sizes:
@@ -233,7 +230,7 @@ def _shape_section(pair, s: Settings) -> None:
         st.info(problem, icon=":material/edit:")
     else:
         mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
-        who = "the big model's own notes (the head)" if cfg.helper == "head" else "the small draft model"
+        who = drafters.spec(cfg.helper).title
         st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "
                    f"the target alone, then at each n = {', '.join(map(str, cfg.sizes))} a chain of n guesses and "
                    f"a tree of n nodes (branching {cfg.branching}, every node verified): {cfg.runs} runs of "

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.core.limits import GAMMA_RANGE
+from specviz.core import drafters
+from specviz.core.limits import DEFAULT_GAMMA, GAMMA_RANGE
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.lessons import Level
@@ -23,12 +24,12 @@ class Settings:
 
     level: Level = "d1"  # explanation depth: words and how much is shown, never the run; a fresh visit opens at the story
     pair: str = "qwen-coder"  # named target/draft pair from specviz.models
-    drafter: str = "model"  # a name in the drafter registry (specviz.core.drafters)
+    drafter: str = drafters.DEFAULT  # a name in the drafter registry (specviz.core.drafters)
     mode: str = "greedy"  # greedy (argmax) or sample
     temperature: float = 0.8  # only used when sampling
     top_p: float = 0.95  # only used when sampling
     seed: int = 0  # only used when sampling: same seed, same dice
-    gamma: int = 4  # draft length γ: tokens guessed per round (the ceiling when adaptive)
+    gamma: int = DEFAULT_GAMMA  # draft length γ: tokens guessed per round (the ceiling when adaptive)
     adaptive: bool = False  # let the engine choose 0..γ each round (specviz.core.adaptive)
     max_new_tokens: int = 64  # stop after this many new tokens
     presenter: bool = False  # large type for a projector

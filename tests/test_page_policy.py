@@ -107,6 +107,11 @@ def test_an_absurd_max_new_tokens_is_clamped_with_a_note(guarded):
     no_exception(at)
     assert at.slider(key="cfg.max_new_tokens").value == 256
     assert any("max_new=" in w.value and "using 256" in w.value for w in at.sidebar.warning)
+    at.run()  # the page runs again by itself (Play, a finished job): the link's note stays
+    assert any("using 256" in w.value for w in at.sidebar.warning)
+    at.slider(key="cfg.max_new_tokens").set_value(32).run()  # the visitor changes a setting: the note has done its job
+    no_exception(at)
+    assert not any("using 256" in w.value for w in at.sidebar.warning)
 
 
 def test_a_classroom_shows_pupils_only_what_they_may_change(guarded, monkeypatch):

@@ -16,6 +16,7 @@ from specviz.serve.worker import PairStore
 from specviz.core.drafters.model import ModelDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.progress import drain
+from specviz.core.limits import DEFAULT_GAMMA
 from specviz.core.trace import GenerationConfig
 from specviz.serve.exact import batch_exactness, verdict_key
 
@@ -35,7 +36,7 @@ def _load(name: str, progress: Any) -> models.LoadedPair:
     pair = models.load_pair(name, progress=lambda f, m: progress(0.95 * f, m))
     progress(0.96, "warming up (one short run, so the first timing is fair)")
     ids = encode_prompt(pair.tokenizer, WARMUP_TEXT)
-    config = GenerationConfig(max_new_tokens=6, gamma=4)
+    config = GenerationConfig(max_new_tokens=6, gamma=DEFAULT_GAMMA)
     drain(speculative_generate(pair.target, ModelDrafter(pair.draft), pair.tokenizer, ids, config, pair.eos_ids))
     drain(autoregressive_generate(pair.target, pair.tokenizer, ids, config, pair.eos_ids))
     progress(0.98, "checking that runs may share the target's passes (same bits as alone)")

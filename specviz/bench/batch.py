@@ -22,10 +22,12 @@ from specviz.bench.loadtest import CLASS_PRESETS, session_prompt
 from specviz.bench.timing import available_bytes, batch_bytes, dims, machine_of, memory_problem, model_device
 from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, autoregressive_program, speculative_program
+from specviz.core.limits import DEFAULT_GAMMA
 from specviz.core.rounds import solo_run
 from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.progress import Progress, drain
 from specviz.core.trace import Generation, GenerationConfig
+from specviz.models import drafting
 from specviz.models.registry import model_bytes
 from specviz.presets import PRESETS
 from specviz.serve.batch import run_together
@@ -43,7 +45,7 @@ class BatchConfig:
 
     sizes: tuple[int, ...] = SIZES
     max_new_tokens: int = 32
-    gamma: int = 4
+    gamma: int = DEFAULT_GAMMA
     context: int = 0  # tokens per prompt from one long document (0: the presets and the load test's prompts)
     repeats: int = 1  # times each size is measured (the speed-up's range across them is reported)
     time_limit_s: float = 0.0  # stop before a size that would end past this many seconds (0: no limit)
@@ -169,7 +171,7 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
         ids = document_prompts(pair.tokenizer, n, config.context)
     else:
         ids = [pair.tokenizer(p, add_special_tokens=False)["input_ids"] for p in batch_prompts(n)]
-    drafter = drafters.build("model", pair.draft)
+    drafter = drafting.resolve(drafters.DEFAULT, pair)
     total = sum(2 * config.repeats * b for b in config.sizes) + 2 * n  # runs: batched ones, and each run alone once
     done = 0
     start = clock()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specviz.core import drafters
-from specviz.core.trace import Generation
+from specviz.core.trace import MEMORY_HELPER, Generation
 
 FIGURES = Path(__file__).resolve().parents[2] / "assets" / "head_cost_gpu.json"
 PAIR = "qwen-coder"  # the pair whose shapes were measured there
@@ -79,7 +79,7 @@ def round_ms(rnd, costs: GpuCosts, helper: str) -> float:
     no model call) and its verify pass."""
     if not rnd.draft_ids:
         return costs.target_step_ms  # a plain target step
-    if getattr(rnd, "helper", "") == "memory":
+    if getattr(rnd, "helper", "") == MEMORY_HELPER:
         helper = "free"  # a hybrid's round drafted from its memory: no model call
     if rnd.tree is not None:
         widths: dict[int, int] = {}

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 import gc
-import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -18,101 +17,19 @@ from specviz import models
 from specviz.settings import encode_prompt
 from specviz.core.progress import drain
 from specviz.core import metrics
-from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.trace import Generation, GenerationConfig
-from specviz.core.drafters.hybrid import MIN_MATCH as HYBRID_MIN_MATCH, THRESHOLD as HYBRID_THRESHOLD
-from specviz.core.drafters.tree import TreeConfig
 from specviz.core.sampling import SamplingConfig
-from specviz.models import datastore
+from specviz.models import drafting
 from specviz.models.base import LoadProgress
-from specviz.presets import PRESETS
 from specviz.bench import gpu
 from specviz.bench.profile import ProfileRow, profile_run
-
-Mode = Literal["greedy", "sample"]
-
-SAMPLE_TEMPERATURE = 0.7  # the sampling mode's temperature (top-k off, top-p 1: the plain tempered p)
-WARMUP_TOKENS = 8  # untimed warm-up run per method before the repeats of each (pair, workload, mode)
-LOOKUP_TOKENS = 10  # hf-lookup's prompt_lookup_num_tokens (transformers' example value); ngram uses it as γ
-MIN_REPEATS = 3  # a median of fewer runs is not a median worth printing
-
-
-class BenchError(ValueError):
-    """A bad benchmark setting, or a run that could not be made fair (one line, for the CLI)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# the tables: workloads and methods
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One prompt of the benchmark: an app preset under the benchmark's names (raw text, no chat template)."""
-
-    name: str  # the preset id: the CSV's workload column, read back by the Where it helps lab
-    kind: Literal["predictable", "creative"]  # the preset's group: what we expect of draft/target agreement
-    prompt: str
-    copying: bool  # the answer copies text from the prompt: prompt lookup (hf-lookup, ngram) applies
-
-
-WORKLOADS: tuple[Workload, ...] = tuple(Workload(p.id, p.group, p.prompt, p.copies_prompt) for p in PRESETS)
-WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
-
-
-@dataclass(frozen=True)
-class Method:
-    """One way of generating: ours (specviz.core.engine) or transformers' generate."""
-
-    name: str
-    family: Literal["ours", "hf"]
-    description: str
-    drafter: str | None = None  # ours: a name in the drafter registry (core.drafters); None = target only
-    gamma: int = 4  # ours: draft length (the ceiling when adaptive)
-    adaptive: bool = False  # ours: AdaptiveGamma + the drafter's confidence stop
-    assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
-    lookup: bool = False  # hf: prompt_lookup_num_tokens=LOOKUP_TOKENS
-    copying_only: bool = False  # run on copying workloads only
-
-
-METHODS: tuple[Method, ...] = (
-    Method("target", "ours", "target alone, one forward per token (autoregressive_generate): the baseline"),
-    Method("spec-g2", "ours", "speculative, model drafter, γ=2", "model", 2),
-    Method("spec-g4", "ours", "speculative, model drafter, γ=4", "model", 4),
-    Method("spec-g8", "ours", "speculative, model drafter, γ=8", "model", 8),
-    Method("spec-adaptive", "ours", "speculative, model drafter, adaptive γ ≤ 16 (confidence stop + throughput switch)",
-           "model", 16, adaptive=True),
-    Method("spec-tree", "ours", "speculative, model drafter, token tree (TreeConfig defaults: budget {t.budget}, "
-           "branching {t.branching}, depth {t.depth}, min score {t.min_score}), one target pass per tree".format(t=TreeConfig()),
-           "tree"),
-    Method("hf-plain", "hf", "transformers generate, target alone"),
-    Method("hf-assisted", "hf", "transformers assisted generation, assistant_model = the draft (default schedule)",
-           assistant=True),
-    Method("hf-lookup", "hf", f"transformers prompt lookup, prompt_lookup_num_tokens={LOOKUP_TOKENS}",
-           lookup=True, copying_only=True),
-    Method("ngram", "ours", f"speculative, n-gram (prompt lookup) drafter, γ={LOOKUP_TOKENS}", "ngram", LOOKUP_TOKENS),
-    Method("suffix", "ours", "speculative, memory drafter (suffix match over the text and the datastore; no earlier "
-           "run: every run starts cold)", "suffix"),
-    Method("hybrid", "ours", f"speculative, memory when its match is ≥ {HYBRID_MIN_MATCH} tokens and it expects ≥ "
-           f"{HYBRID_THRESHOLD:g} accepted tokens, else the model drafter (γ=4); starts cold", "hybrid", 4),
-    Method("eagle", "ours", "speculative, the pair's trained EAGLE-style head (one layer on the target's features), "
-           "chain γ=4", "eagle", 4),
-    Method("eagle-adaptive", "ours", "speculative, the pair's trained EAGLE-style head, adaptive γ ≤ 16 (the head's "
-           "confidence stop + throughput switch)", "eagle", 16, adaptive=True),
-    Method("eagle-tree", "ours", "speculative, the pair's trained EAGLE-style head, token tree (TreeConfig defaults), "
-           "one target pass per tree (EAGLE-2)", "eagle-tree"),
+from specviz.bench.methods import (  # noqa: F401  (the tables: the bench's names, read from here by the report and tests)
+    BASELINE, FULL_PAIRS, FULL_TOKENS, LOOKUP_TOKENS, METHODS, METHODS_BY_NAME, MIN_REPEATS, MODES, QUICK_METHODS, QUICK_PAIRS,
+    QUICK_TOKENS, QUICK_WORKLOADS, SAMPLE_TEMPERATURE, WARMUP_TOKENS, WORKLOADS, WORKLOADS_BY_NAME, BenchError, Method, Mode,
+    Workload,
 )
-METHODS_BY_NAME = {m.name: m for m in METHODS}
-BASELINE = "target"
-MODES: tuple[Mode, ...] = ("greedy", "sample")
-
-FULL_PAIRS = ("qwen-coder", "smollm2-135m")
-QUICK_PAIRS = ("qwen-coder",)
-QUICK_WORKLOADS = ("code", "list", "story")
-# --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 15 minutes on the 2-core CPU
-QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid",
-                 "eagle", "eagle-adaptive", "eagle-tree")
-QUICK_TOKENS, FULL_TOKENS = 32, 64
+from specviz.bench.rows import CSV_COLUMNS, BenchRow, RunRecord, aggregate, method_order  # noqa: F401  (the bench's names)
 
 
 @dataclass(frozen=True)
@@ -201,34 +118,11 @@ def methods_for(workload: Workload, methods: Sequence[str], pair: Any = None) ->
 def _runs_on(method: Method, pair: Any) -> bool:
     if pair is None or method.drafter is None:
         return True
-    return not drafters.spec(method.drafter).needs_head or getattr(pair, "head", None) is not None
+    return drafting.can_run(method.drafter, pair)
 
 
 # ---------------------------------------------------------------------------------------------
 # one timed run
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One timed run of one method (a repeat); the aggregation turns these into BenchRows."""
-
-    pair: str
-    workload: str
-    mode: str
-    method: str
-    repeat: int
-    tokens: tuple[int, ...]  # new ids (EOS included when it stopped the run)
-    ms_per_token: float  # (prefill + decode) / new tokens, the same definition for every method
-    # ours with a drafter: fields of metrics.compare(this run, the same repeat's target-only run)
-    acceptance_rate: float | None = None  # accepted ÷ drafted
-    alpha_checked: float | None = None  # Leviathan's α: accepted ÷ checked
-    tokens_per_target_call: float | None = None  # ours only (1.0 for the baseline)
-    c: float | None = None  # median per-token draft ms ÷ the same repeat's target step
-    expected_speedup_measured_verify: float | None = None  # Leviathan with this repeat's measured verify cost
-    gamma: float | None = None  # effective γ: configured, or mean drafted per drafting round
-    peak_rss_mb: float | None = None  # VmHWM during this run (None where /proc is missing)
-    acceptance_by_position: tuple[float, ...] = ()  # share of drafting rounds accepting their k-th token, k = 1…
-    gpu_expected: float | None = None  # this run's rounds replayed at the H200's measured costs (specviz.bench.gpu)
 
 
 def reset_peak_rss() -> bool:
@@ -277,9 +171,8 @@ def run_ours(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, se
     if method.drafter is None:
         steps = autoregressive_generate(pair.target, pair.tokenizer, prompt_ids, cfg, eos)
     else:
-        drafter = drafters.build(method.drafter, pair.draft, pair.target, adaptive=method.adaptive,
-                                 memory=datastore.shared_memory(method.drafter, pair),  # cold: the datastore only
-                                 head=pair.head_for(method.drafter))
+        # cold: a remembering drafter gets the datastore only
+        drafter = drafting.resolve(method.drafter, pair, adaptive=method.adaptive)
         steps = speculative_generate(pair.target, drafter, pair.tokenizer, prompt_ids, cfg, eos)
     gen = drain(steps)
     _sync(pair.device)
@@ -395,125 +288,6 @@ def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tok
 
 
 # ---------------------------------------------------------------------------------------------
-# aggregation: repeats -> one row per (pair, workload, mode, method)
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    """One line of the table: medians over the repeats, speed-up against the baseline of the same run."""
-
-    pair: str
-    workload: str
-    kind: str  # predictable / creative
-    mode: str
-    method: str
-    family: str  # ours / hf
-    repeats: int
-    new_tokens: float  # median new tokens per run
-    ms_per_token: float  # median of (prefill + decode) / new tokens
-    ms_per_token_min: float
-    ms_per_token_max: float
-    tokens_per_s: float  # 1000 / median ms per token
-    speedup: float | None  # median ms/token of target-only (ours) / median ms/token of this method
-    acceptance_rate: float | None  # median accepted ÷ drafted over the repeats (ours with a drafter)
-    alpha_checked: float | None  # median Leviathan's α (accepted ÷ checked)
-    tokens_per_target_call: float | None  # median (ours)
-    c: float | None  # median measured c: median draft ms per token / target ms per step (same repeat)
-    expected_speedup: float | None  # Leviathan: from the median alpha_checked, γ and c (verify = 1 step)
-    expected_speedup_measured_verify: float | None  # median over repeats: with the measured verify cost
-    gamma: float | None  # configured γ, or the median mean drafted per drafting round
-    peak_rss_mb: float | None  # the highest VmHWM over the repeats
-    identical_to_baseline: bool | None  # greedy: every repeat's tokens == ours target-only tokens
-    identical_to_hf_plain: bool | None  # greedy, hf-* rows: every repeat's tokens == hf-plain's
-    # per drafted position k = 1…: the median over repeats of the share of drafting rounds that accepted
-    # their k-th token (a repeat that never drafted that deep counts 0 there); empty without a drafter
-    acceptance_by_position: tuple[float, ...] = ()
-    gpu_expected: float | None = None  # median over repeats: the run's rounds at the H200's measured costs
-
-
-CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
-def _median_by_position(records: Sequence[RunRecord]) -> tuple[float, ...]:
-    """Per position, the median over the repeats of acceptance_by_position (missing positions count 0)."""
-    depth = max((len(r.acceptance_by_position) for r in records), default=0)
-    return tuple(statistics.median(r.acceptance_by_position[k] if k < len(r.acceptance_by_position) else 0.0
-                                   for r in records) for k in range(depth))
-
-
-def _all_equal(records: Sequence[RunRecord], reference: dict[int, RunRecord]) -> bool | None:
-    """True when every repeat's tokens equal the reference run of the same repeat (None: nothing to compare)."""
-    pairs = [(r, reference[r.repeat]) for r in records if r.repeat in reference]
-    if not pairs:
-        return None
-    return all(r.tokens == ref.tokens for r, ref in pairs)
-
-
-def method_order(name: str) -> int:
-    names = list(METHODS_BY_NAME)
-    return names.index(name) if name in names else len(names)
-
-
-def aggregate(records: Sequence[RunRecord]) -> list[BenchRow]:
-    """Group the runs by (pair, workload, mode, method); medians, speed-ups and identity checks."""
-    groups: dict[tuple[str, str, str], list[RunRecord]] = {}
-    for r in records:
-        groups.setdefault((r.pair, r.workload, r.mode), []).append(r)
-    rows: list[BenchRow] = []
-    for (pair, workload, mode), recs in groups.items():
-        by_method: dict[str, list[RunRecord]] = {}
-        for r in recs:
-            by_method.setdefault(r.method, []).append(r)
-        base = {r.repeat: r for r in by_method.get(BASELINE, [])}
-        hf_plain = {r.repeat: r for r in by_method.get("hf-plain", [])}
-        base_ms = _median(r.ms_per_token for r in base.values())
-        for method in sorted(by_method, key=method_order):
-            rows.append(_row(pair, workload, mode, method, by_method[method], base, hf_plain, base_ms))
-    return rows
-
-
-def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord],
-         base: dict[int, RunRecord], hf_plain: dict[int, RunRecord], base_ms: float | None) -> BenchRow:
-    spec = METHODS_BY_NAME.get(method)
-    wl = WORKLOADS_BY_NAME.get(workload)
-    ms = statistics.median(r.ms_per_token for r in recs)
-    alpha, c, gamma = _median(r.alpha_checked for r in recs), _median(r.c for r in recs), _median(r.gamma for r in recs)
-    chain = spec is None or spec.drafter is None or metrics.chain_formula_applies(spec.drafter)
-    expected = metrics.expected_speedup(alpha, gamma, c) if chain and None not in (alpha, gamma, c) and gamma > 0 else None
-    greedy = mode == "greedy"
-    is_hf = spec.family == "hf" if spec else method.startswith("hf-")
-    rss = [r.peak_rss_mb for r in recs if r.peak_rss_mb is not None]
-    return BenchRow(
-        pair=pair, workload=workload, kind=wl.kind if wl else "", mode=mode, method=method,
-        family=spec.family if spec else ("hf" if is_hf else "ours"),
-        repeats=len(recs),
-        new_tokens=statistics.median(len(r.tokens) for r in recs),
-        ms_per_token=ms,
-        ms_per_token_min=min(r.ms_per_token for r in recs),
-        ms_per_token_max=max(r.ms_per_token for r in recs),
-        tokens_per_s=1000.0 / ms if ms > 0 else float("inf"),
-        speedup=base_ms / ms if base_ms is not None and ms > 0 else None,
-        acceptance_rate=_median(r.acceptance_rate for r in recs),
-        alpha_checked=alpha,
-        tokens_per_target_call=_median(r.tokens_per_target_call for r in recs),
-        c=c,
-        expected_speedup=expected,
-        expected_speedup_measured_verify=_median(r.expected_speedup_measured_verify for r in recs),
-        gamma=gamma,
-        peak_rss_mb=max(rss) if rss else None,
-        identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
-        identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
-        acceptance_by_position=_median_by_position(recs),
-        gpu_expected=_median(r.gpu_expected for r in recs),
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # the run
 
 
@@ -545,10 +319,9 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> tuple[list[Run
     not to, one profiled run of each of our methods (bench.profile) after the timed ones."""
     plan = [(WORKLOADS_BY_NAME[w], mode) for w in config.workloads for mode in config.modes]
     total = sum(len(methods_for(w, config.methods, pair)) for w, _ in plan) * config.repeats
-    left_out = [m for m in config.methods if not _runs_on(METHODS_BY_NAME[m], pair)]
-    if left_out:
-        _say(f"{pair_name}: left out {', '.join(left_out)}: " + (getattr(pair, "head_problem", "")
-                                                               or "this pair ships no trained head"))
+    for m in config.methods:
+        if not _runs_on(METHODS_BY_NAME[m], pair):
+            _say(f"{pair_name}: left out {m}: {drafting.why_not(METHODS_BY_NAME[m].drafter, pair)}")
     before = _config_snapshot(pair)
     records: list[RunRecord] = []
     profiles: list[ProfileRow] = []

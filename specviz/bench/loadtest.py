@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specviz.core.limits import DEFAULT_GAMMA
 from specviz.settings import encode_prompt
 from specviz.presets import get_preset
 
@@ -48,7 +49,7 @@ class LoadConfig:
     sessions: int = 8  # concurrent browser-like sessions
     pair: str = "tiny-random"  # the test pair keeps CI short; real pairs work too
     max_new_tokens: int = 24  # per run (each session queues a speculative and a plain run)
-    gamma: int = 4  # draft length
+    gamma: int = DEFAULT_GAMMA  # draft length
     timeout_s: float = 600.0  # a session that has no result by then fails
     stagger_s: float = 0.05  # seconds between session starts (a class does not click in the same millisecond)
     preset_share: float = 0.0  # share of the sessions on CLASS_PRESETS (a realistic class: 0.5); the rest type their own

@@ -11,6 +11,7 @@ from specviz.cli.common import (
     stderr_progress,
 )
 from specviz.core import limits
+from specviz.core.limits import DEFAULT_GAMMA
 
 
 def add_batch(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,8 @@ def add_batch(sub: argparse._SubParsersAction) -> None:
     add_pair_arguments(p)
     p.add_argument("--sizes", type=int_list, default=None, help="batch sizes, 1..16 (default 1,4,8)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per run, 1..256 (default 32)")
-    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
+                   help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default {DEFAULT_GAMMA})")
     p.add_argument("--context", type=int, default=0,
                    help="make each prompt a different window of N tokens from one long document (default 0: short prompts)")
     p.add_argument("--repeats", type=int, default=1, help="measure each size this many times, 1..5 (default 1)")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # loads torch: imported where a run needs it, never for --hel
 
 PROG = "specviz"
 GAMMA_MIN, GAMMA_MAX = limits.GAMMA_RANGE
+DEFAULT_GAMMA = limits.DEFAULT_GAMMA
 # TreeConfig()'s defaults, written out: importing specviz.core.drafters.tree loads torch and transformers, and
 # building the parser (every --help) must not (a test checks that they agree)
 TREE_BUDGET, TREE_BRANCHING, TREE_DEPTH, TREE_MIN_SCORE = 24, 2, 12, 0.15
@@ -84,13 +85,14 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     """The generation settings shared by generate and bench."""
     p.add_argument("--prompt", required=True, help="raw text to continue (no chat template)")
     p.add_argument("--mode", choices=limits.MODES, default="greedy", help="greedy (argmax) or sample")
-    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
+                   help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default {DEFAULT_GAMMA})")
     p.add_argument("--temperature", type=float, default=1.0, help="sample mode: > 0 (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of this request's random generator (default 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens at most (default 64)")
-    p.add_argument("--drafter", choices=drafters.names(), default="model",
+    p.add_argument("--drafter", choices=drafters.names(), default=drafters.DEFAULT,
                    help="; ".join(f"{d.name}: {d.title}" for d in drafters.specs()))
 
 

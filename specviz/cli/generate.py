@@ -58,7 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specviz.core.metrics import compare
     from specviz.core.progress import drain
 
-    from specviz.models import footprint
+    from specviz.models import drafting, footprint
 
     config = generation_config(args)
     recorder, base_rss = footprint.Recorder(), footprint.rss()  # where the memory goes (--json's "memory")
@@ -73,14 +73,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt_ids = encoded_prompt(pair, args.prompt, args.max_new_tokens)
     eos_ids = tuple(pair.eos_ids)
     memory, warm_memory = run_memories(args.drafter, pair)
-    if drafters.spec(args.drafter).needs_head and pair.head is None:
-        raise CliError(f"--drafter {args.drafter} needs the pair's trained head: "
-                       + (pair.head_problem or f"{pair_name} ships none (train one: python -m specviz train-head)"), 1)
-    drafter = drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree, memory=memory,
-                             head=pair.head_for(args.drafter))
+    if (problem := drafting.why_not(args.drafter, pair)) is not None:
+        raise CliError(f"--drafter {args.drafter}: {problem}", 1)
+    drafter = drafting.resolve(args.drafter, pair, adaptive=args.adaptive, tree=tree, memory=memory)
     # the warm-up drafts from the datastore only: it must not become an "earlier run" the first timed run remembers
-    warm_up(pair, drafters.build(args.drafter, pair.draft, pair.target, adaptive=args.adaptive, tree=tree,
-                                 memory=warm_memory, head=pair.head_for(args.drafter)), prompt_ids, args.gamma)
+    warm_up(pair, drafting.resolve(args.drafter, pair, adaptive=args.adaptive, tree=tree, memory=warm_memory),
+            prompt_ids, args.gamma)
 
     if not args.quiet:
         print(f"{PROG}: generating{' (then the baseline)' if args.baseline else ''}…", file=sys.stderr, flush=True)

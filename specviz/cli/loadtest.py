@@ -26,7 +26,7 @@ def add_loadtest(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--class-mix", action="store_true",
                    help="a realistic class: half the sessions on the presets code, list and story (sessions on one "
                    "preset share one run), half on prompts of their own")
-    p.add_argument("--drafter", choices=drafters.names(), default="model", help="the drafter every session uses (default model; see `specviz "
+    p.add_argument("--drafter", choices=drafters.names(), default=drafters.DEFAULT, help="the drafter every session uses (default model; see `specviz "
                    "drafters`): suffix and hybrid remember, so each session's run is its own")
     p.add_argument("--class-memory", action="store_true",
                    help="start the server with class-wide memory on (remembering drafters draft from every session's runs)")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from specviz.cli.common import (
     GAMMA_MAX, GAMMA_MIN, CliError, check_flag, encoded_prompt, quiet_libraries, resolve_pair_name, stderr_progress,
 )
-from specviz.core import limits
-from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE
+from specviz.core import drafters, limits
+from specviz.core.limits import DEFAULT_GAMMA, SAMPLE_TOKENS_RANGE, SAMPLES_RANGE
 
 if TYPE_CHECKING:  # these load torch: imported where a run needs them, never for --help
     from specviz.labs.same_answer import FitTest, GreedyComparison, SampleCounts
@@ -31,7 +31,8 @@ def add_same_answer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="> 0 (default 0.8)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass in (0, 1] (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
-    p.add_argument("--gamma", type=int, default=4, help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default 4)")
+    p.add_argument("--gamma", type=int, default=DEFAULT_GAMMA,
+                   help=f"draft length γ, {GAMMA_MIN}..{GAMMA_MAX} (default {DEFAULT_GAMMA})")
     p.add_argument("--k", type=int, default=3, help="k of the wrong top-k rule (default 3)")
     p.add_argument("--greedy-tokens", type=int, default=64, help="new tokens of the greedy comparison (default 64)")
     p.add_argument("--int8-twin", action="store_true",
@@ -68,7 +69,7 @@ def cmd_same_answer(args: argparse.Namespace) -> int:
     for twin in (False, True) if args.int8_twin else (False,):
         t0 = time.perf_counter()
         try:
-            cmp = drain(lab.greedy_job(pair, ids, "model", gcfg, batch_variant=twin))
+            cmp = drain(lab.greedy_job(pair, ids, drafters.DEFAULT, gcfg, batch_variant=twin))
         except models.PairError as e:
             raise CliError(str(e)) from None
         label = f"pair {pair_name}, preset {args.preset!r}" + (", target's int8 twin" if twin else "")
@@ -82,7 +83,7 @@ def cmd_same_answer(args: argparse.Namespace) -> int:
           flush=True)
     for rule in ("exact", "topk"):
         t0 = time.perf_counter()
-        spec = lab.SpecConfig(args.gamma, "model", rule, args.k)
+        spec = lab.SpecConfig(args.gamma, drafters.DEFAULT, rule, args.k)
         counts = drain(lab.speculative_job(pair.target, pair.draft, pair.tokenizer, ids, cfg, spec, pair.head_for(spec.drafter)))
         fit = lab.fit_test(ref.law, counts)
         print(rule_line(rule, args.k, time.perf_counter() - t0, counts, fit), flush=True)

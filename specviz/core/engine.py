@@ -15,7 +15,7 @@ import torch
 
 from specviz.core.adaptive import AdaptiveGamma
 from specviz.core.forward import Feed, Pass
-from specviz.core import clock, profile
+from specviz.core import clock, drafters, profile
 from specviz.core.clock import ms_since
 from specviz.core.rounds import CachedTarget, Drafter, Kept, Round, RunTools, TargetAlone, TargetProbs, TokenTexts, solo_run
 from specviz.core.sampling import AcceptRule, verify_draft
@@ -153,7 +153,7 @@ def run_program(
 
     new = tuple(ids[len(prompt_ids):])
     return Generation(
-        kind="speculative" if drafter else "autoregressive", drafter=drafter.name if drafter else "none",
+        kind="speculative" if drafter else "autoregressive", drafter=drafter.name if drafter else drafters.NONE,
         config=config, prompt_ids=tuple(prompt_ids), tokens=new,
         text=tokenizer.decode(list(new), skip_special_tokens=True), rounds=tuple(rounds),
         prefill_ms=prefill_ms, decode_ms=ms_since(t_decode), stop_reason=stop,

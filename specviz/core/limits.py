@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+DEFAULT_GAMMA = 4  # the draft length every run, lab and command starts from (a chain of 4 guesses, then one check)
 GAMMA_RANGE = (1, 16)  # draft length γ: tokens guessed per round (the ceiling when adaptive)
 MAX_NEW_MIN = 1  # new tokens: the engine's floor; the pair's context is the CLI's only ceiling
 APP_MAX_NEW_RANGE = (1, 256)  # the app's slider: 256 plain target steps of the 1.5B model take about 2 minutes on a CPU

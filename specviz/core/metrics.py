@@ -206,14 +206,14 @@ class Comparison:
 def effective_gamma(spec: Generation) -> float:
     """The configured γ, or the mean drafted per drafting round where drafts vary (adaptive, n-gram, the
     nodes of a tree)."""
-    if spec.config.adaptive or (spec.drafter != "none" and drafters.spec(spec.drafter).length == "variable"):
+    if spec.config.adaptive or (drafters.is_drafter(spec.drafter) and drafters.spec(spec.drafter).length == "variable"):
         return mean_draft_length(spec.rounds) or 0.0
     return float(spec.config.gamma)
 
 
 def chain_formula_applies(drafter: str) -> bool:
     """Whether Leviathan's formula describes this drafter's rounds (a chain's; a tree's tokens per pass follow other odds)."""
-    return drafter != "none" and drafters.spec(drafter).leviathan
+    return drafters.is_drafter(drafter) and drafters.spec(drafter).leviathan
 
 
 def compare(spec: Generation, baseline: Generation | None = None) -> Comparison:

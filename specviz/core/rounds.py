@@ -4,7 +4,9 @@ A round never calls a model. It yields a `Feed` — which ids to score after wha
 cache holds, and which hidden states it wants besides the logits — and is resumed with that
 pass's answer (a `Pass`). Whoever answers decides how: alone (`solo`), or in one forward with
 other runs' feeds (`specviz.serve`). A round is a chain round (`chain_round`: any proposer of a
-row of tokens) or a tree round (`tree_round`: any proposer of a tree); after the prefill and after
+row of tokens) or a tree round (`tree_round`: any proposer of a tree), the two read top to bottom
+side by side below: draft, one target pass, the acceptance rule, the cache rolled back to what was
+kept, the session told, the round recorded. After the prefill and after
 every round the run's drafter session hears what the target settled (`Kept`: the verdict and the
 target's hidden states at the kept positions). So the decoding loop knows no drafter kind and no
 batching, and a new drafter is a session with a proposer (see `specviz.core.drafters`).
@@ -16,15 +18,18 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
+import math
+
 import torch
 
-from specviz.core import clock, profile
+from specviz.core import clock, drafters, profile
 from specviz.core.clock import ms_since
 from specviz.core.forward import Feed, Pass, forward
 from specviz.core.kv import TreeLM
 from specviz.core.progress import drain
 from specviz.core.sampling import AcceptRule, SamplingConfig, Verdict, logits_to_probs
-from specviz.core.trace import RoundTrace, TopDist
+from specviz.core.trace import RoundTrace, TopDist, TreeNode, TreeTrace
+from specviz.core.tree_rule import DraftTree, TreeVerdict, verify_tree
 
 R = TypeVar("R")
 Steps = Generator[Feed, Pass, R]  # a program: yields the passes it needs, is sent their answers, returns R
@@ -231,6 +236,16 @@ class ChainSession(Protocol):
     def hear(self, kept: Kept) -> None: ...
 
 
+class TreeProposer(Protocol):
+    """What a tree round asks of a session: a tree after the run's ids, at most max_depth levels deep; and to hear the verdict."""
+
+    features: tuple[int, ...]
+
+    def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]: ...
+
+    def hear(self, kept: Kept) -> None: ...
+
+
 class ChainDraftSession(Session):
     """The base of every chain drafter's session: write `propose_steps` (and `prefill` if it reads the prompt); rounds are chain rounds."""
 
@@ -262,6 +277,8 @@ def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[Round
     laps("acceptance rule")
     verify_ms = ms_since(t)
     n = verdict.n_accepted
+    # the cache rolls back by itself: the next round's feed is r.ids + the n kept + the target's token, and the
+    # target's cache keeps only the entries it still shares with that (kv.CachedLM.feed); the rejected ones go
     session.hear(Kept(ids=r.ids + draft.tokens[:n] + (verdict.next_token,), start=len(r.ids) - 1, drafted=k, accepted=n,
                       path=tuple(range(n)), next_token=verdict.next_token,
                       next_origin=verdict.next_origin if k else "target",
@@ -270,6 +287,30 @@ def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[Round
     trace = chain_trace(r, draft, p.cpu(), verdict, tools, draft_ms, verify_ms)
     laps("the round's trace")
     return trace
+
+
+def tree_round(proposer: TreeProposer, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+    """Draft a tree, verify it in one target pass, keep the accepted branch plus one token, tell the proposer, record it.
+
+    A round that may draft nothing (γ 0 from the policy, or one token of budget left) is a plain target step.
+    The tree's depth is bounded by the budget, not by γ: its size is the proposer's own (a budget of nodes).
+    """
+    if not min(r.gamma, r.budget - 1):
+        return (yield from chain_round(_NothingDrafted(proposer), replace(r, gamma=0), tools))
+    t = clock.now()
+    tree = yield from proposer.propose_tree_steps(r.ids, r.budget - 1, tools.generator)
+    draft_ms = ms_since(t)
+    t = clock.now()
+    scored = yield from tools.target.tree_probs(r.ids, tree.tokens, tree.parents, proposer.features)  # p (n+1, V)
+    verdict = verify_tree(scored.p, tree, tools.generator)
+    tools.target.commit(verdict.path)  # the cache rolled back: only the accepted branch's entries stay
+    verify_ms = ms_since(t)
+    rows = torch.tensor([0] + [1 + i for i in verdict.path], dtype=torch.long)  # the root's row and the kept nodes' rows
+    proposer.hear(Kept(ids=r.ids + tuple(tree.tokens[i] for i in verdict.path) + (verdict.next_token,),
+                       start=len(r.ids) - 1, drafted=len(tree.tokens), accepted=len(verdict.path), path=verdict.path,
+                       next_token=verdict.next_token, next_origin=verdict.next_origin,
+                       hidden=tuple(h[rows.to(h.device)] for h in scored.hidden)))
+    return tree_round_trace(r, tree, scored.p.cpu(), verdict, tools, draft_ms, verify_ms)
 
 
 def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunTools, draft_ms: float,
@@ -302,10 +343,63 @@ def chain_trace(r: Round, draft: Draft, p: torch.Tensor, v: Verdict, tools: RunT
     )
 
 
+def tree_round_trace(r: Round, tree: DraftTree, p: torch.Tensor, v: TreeVerdict, tools: RunTools, draft_ms: float,
+                     verify_ms: float) -> RoundTrace:
+    """A RoundTrace whose `tree` holds every node; its chain fields list the accepted path, then the rest."""
+    n, texts, top_n = len(tree.tokens), tools.texts, tools.top_n
+    rows = torch.tensor([par + 1 for par in tree.parents], dtype=torch.long)  # (n,) the row each node was drafted from
+    toks = torch.tensor(tree.tokens, dtype=torch.long)
+    p_x = p[rows, toks].tolist() if n else []
+    q_x = tree.q[rows, toks].tolist() if n else []
+    tried = {c: (a, u) for c, a, u in zip(v.tried, v.accept_probs, v.uniforms)}
+    on_path = set(v.path)
+    token_texts = texts(tree.tokens)
+    nodes = tuple(
+        TreeNode(
+            token=tree.tokens[i], text=token_texts[i], parent=tree.parents[i], depth=d, p=p_x[i], q=q_x[i],
+            sampled=tree.sampled[i], accept_prob=tried[i][0] if i in tried else None,
+            uniform=tried[i][1] if i in tried else None,
+            verdict="accepted" if i in on_path else ("rejected" if i in tried else "unreached"),
+        )
+        for i, d in zip(range(n), tree.depths)
+    )
+    order = list(v.path) + [i for i in range(n) if i not in on_path]
+    end = v.path[-1] + 1 if v.path else 0  # the row where the target decided
+    rejected_here = v.next_origin == "correction"
+    return RoundTrace(
+        index=r.index, position=r.position,
+        draft_ids=tuple(tree.tokens[i] for i in order), draft_texts=tuple(token_texts[i] for i in order),
+        p_draft=tuple(p_x[i] for i in order), q_draft=tuple(q_x[i] for i in order),
+        accept_probs=tuple(tried.get(i, (math.nan, math.nan))[0] for i in order),
+        uniforms=tuple(tried.get(i, (math.nan, math.nan))[1] for i in order),
+        accepted=tuple(k < len(v.path) for k in range(n)), n_accepted=len(v.path),
+        next_id=v.next_token, next_text=texts([v.next_token])[0], next_origin=v.next_origin,
+        p_top=top_dist(p[end], top_n, texts),
+        q_top=top_dist(tree.q[end], top_n, texts) if rejected_here else None,
+        residual_top=top_dist(v.residual.cpu(), top_n, texts),
+        draft_ms=draft_ms, verify_ms=verify_ms,
+        tree=TreeTrace(nodes, tuple(v.path)),
+    )
+
+
+class _NothingDrafted:
+    """A tree proposer seen as a chain proposer of nothing (a round with γ 0 still tells it the verdict)."""
+
+    def __init__(self, proposer: TreeProposer) -> None:
+        self.proposer = proposer
+        self.features = proposer.features
+
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
+        raise AssertionError("a round with γ 0 drafts nothing")
+
+    def hear(self, kept: Kept) -> None:
+        self.proposer.hear(kept)
+
+
 class TargetAlone(Session):
     """The session of a target-only run: every round is one target step with nothing drafted."""
 
-    name = "none"
+    name = drafters.NONE
 
     def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
         yield from ()

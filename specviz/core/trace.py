@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specviz.core.limits import check_gamma, check_max_new_tokens
+from specviz.core.limits import DEFAULT_GAMMA, check_gamma, check_max_new_tokens
 from specviz.core.sampling import SamplingConfig
 
 NextOrigin = Literal["correction", "bonus", "target"]
 StopReason = Literal["eos", "max_new_tokens"]
+
+
+MEMORY_HELPER = "memory"  # a round's `helper`: the hybrid's memory drafted it
+MODEL_HELPER = "model"  # a round's `helper`: the hybrid's draft model drafted it
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class GenerationConfig:
     """One run's settings; frozen so it doubles as a cache key."""
 
     max_new_tokens: int = 64  # stop after this many new tokens (EOS may stop earlier)
-    gamma: int = 4  # draft length γ: tokens the drafter proposes per round (the ceiling when adaptive)
+    gamma: int = DEFAULT_GAMMA  # draft length γ: tokens the drafter proposes per round (the ceiling when adaptive)
     adaptive: bool = False  # let AdaptiveGamma pick 0..γ each round from measured throughput
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # same transform for p and q
     trace_top_n: int = 20  # keep only this many entries of p, q and the residual per round
@@ -93,7 +97,7 @@ class RoundTrace:
     # tree rounds only: the whole tree. The chain fields above then list the accepted path first and
     # the other nodes after it (accept_probs/uniforms are nan for nodes never tried).
     tree: TreeTrace | None = None
-    # drafters with more than one helper (the hybrid) say which one drafted this round: "memory" or "model"
+    # drafters with more than one helper (the hybrid) say which one drafted this round: MEMORY_HELPER or MODEL_HELPER
     helper: str = ""
     # a memory draft: where its match was found (a key of memory.SOURCE_WORDS) and how many tokens it matched
     memory_source: str = ""
@@ -109,7 +113,7 @@ class Generation:
     """A whole run: the new tokens, their text, every round and the totals."""
 
     kind: Literal["speculative", "autoregressive"]
-    drafter: str  # "model", "ngram", "tree" or "none"
+    drafter: str  # a drafter registry name, or drafters.NONE for the target alone
     config: GenerationConfig
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]  # new ids, EOS included when it stopped the run

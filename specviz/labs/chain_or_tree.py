@@ -9,6 +9,7 @@ from typing import Any
 
 from specviz.settings import encode_prompt
 from specviz.core import metrics
+from specviz.models import drafting
 from specviz.core import drafters
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.limits import GAMMA_RANGE
@@ -23,7 +24,6 @@ SIZE_CHOICES = (2, 4, 8, 12, 16)  # drafted tokens the target verifies per pass 
 DEFAULT_SIZES = (4, 8, 16)
 MAX_NEW = 32  # per run: 2 presets × (1 + 2 × 3 sizes) runs take about 2 minutes for qwen-coder on this 2-core CPU
 SHAPES = ("chain", "tree")
-HELPERS = {"model": ("model", "tree"), "head": ("eagle", "eagle-tree")}  # the drafters of each helper's chain and tree
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class ShapeConfig:
     presets: tuple[str, ...] = PRESETS
     max_new_tokens: int = MAX_NEW
     branching: int = 2  # the tree's children per expanded node
-    helper: str = "model"  # who guesses: "model" (the small draft model) or "head" (the pair's EAGLE-style head)
+    helper: str = drafters.DEFAULT  # who guesses: a chain kind whose helper also drafts trees (drafters.shape_pairs)
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -49,8 +49,9 @@ class ShapeConfig:
                 raise ValueError(f"a size must be in {lo}..{min(hi, DEPTH_RANGE[1])}, got {n}")
         if not BRANCHING_RANGE[0] < self.branching <= BRANCHING_RANGE[1]:
             raise ValueError(f"tree branching must be in 2..{BRANCHING_RANGE[1]}, got {self.branching}")
-        if self.helper not in HELPERS:
-            raise ValueError(f"helper must be one of {', '.join(HELPERS)}, got {self.helper!r}")
+        chains = [chain for chain, _ in drafters.shape_pairs()]
+        if self.helper not in chains:
+            raise ValueError(f"helper must be one of {', '.join(chains)}, got {self.helper!r}")
         for p in self.presets:
             if get_preset(p) is None:
                 raise ValueError(f"unknown preset {p!r}")
@@ -67,14 +68,22 @@ class ShapeConfig:
         return len(self.presets) * (1 + len(SHAPES) * len(self.sizes))
 
 
-def make_config(pair: str, sizes: Sequence[int], sampling: SamplingConfig, helper: str = "model") -> ShapeConfig:
+def make_config(pair: str, sizes: Sequence[int], sampling: SamplingConfig, helper: str = drafters.DEFAULT) -> ShapeConfig:
     """A ShapeConfig with the sizes sorted and de-duplicated (a multiselect gives them in click order)."""
     return ShapeConfig(pair, tuple(sorted({int(n) for n in sizes})), sampling, helper=helper)
 
 
 def helper_for(drafter: str) -> str:
-    """The helper the sidebar's drafter implies: the head for the head's drafters, else the draft model."""
-    return "head" if drafters.spec(drafter).needs_head else "model"
+    """The helper the sidebar's drafter implies (its chain kind), where it drafts both shapes; else the default's."""
+    both = drafters.chain_and_tree(drafter) or drafters.chain_and_tree(drafters.DEFAULT)
+    assert both is not None  # the default helper drafts both shapes
+    return both[0]
+
+
+def why_not(pair: Any, helper: str) -> str | None:
+    """Why this pair cannot compare the helper's chain and tree, or None when it can."""
+    chain, tree = drafters.chain_and_tree(helper)  # type: ignore[misc]  # a ShapeConfig's helper drafts both
+    return drafting.why_not(chain, pair) or drafting.why_not(tree, pair)
 
 
 @dataclass(frozen=True)
@@ -113,11 +122,9 @@ def _point(preset: str, size: int, shape: str, gen: Generation, baseline: Genera
 
 def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, ShapeResult]:
     """The runner job: per preset the target alone, then a chain and a tree run at every size."""
-    if config.helper == "model" and pair.draft is None:
-        raise ValueError("chain or tree needs the pair's draft model (the tree grows from its probabilities)")
-    if config.helper == "head" and pair.head is None:
-        raise ValueError("chain or tree with the head needs the pair's trained head, and this pair has none loaded")
-    chain_kind, tree_kind = HELPERS[config.helper]
+    if (problem := why_not(pair, config.helper)) is not None:
+        raise ValueError(problem)
+    chain_kind, tree_kind = drafters.chain_and_tree(config.helper)  # type: ignore[misc]  # checked by the config
     budget, eos, total = config.max_new_tokens, tuple(pair.eos_ids), config.max_new_tokens * config.runs
     done, base_ms, points = 0, {}, []
     for preset in config.presets:
@@ -130,9 +137,8 @@ def shape_steps(pair: Any, config: ShapeConfig) -> Generator[Progress, None, Sha
         done += budget
         for n in config.sizes:
             for shape in SHAPES:
-                drafter = drafters.build(tree_kind if shape == "tree" else chain_kind, pair.draft, pair.target,
-                                         tree=config.tree(n) if shape == "tree" else None,
-                                         head=pair.head_for(tree_kind if shape == "tree" else chain_kind))
+                drafter = drafting.resolve(tree_kind if shape == "tree" else chain_kind, pair,
+                                           tree=config.tree(n) if shape == "tree" else None)
                 gen = yield from with_progress(
                     speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.chain(n), eos),
                     done, total, f"{preset}: {shape} of {n}", budget)

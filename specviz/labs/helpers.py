@@ -9,16 +9,17 @@ from typing import Any
 
 from specviz.core import drafters, metrics
 from specviz.core.engine import autoregressive_generate, speculative_generate
+from specviz.core.limits import DEFAULT_GAMMA
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.models import datastore
+from specviz.models import drafting
 from specviz.presets import get_preset
 from specviz.settings import encode_prompt
 
 HELPERS = ("model", "ngram", "eagle", "eagle-tree")  # the draft model's chain, prompt lookup, the head's chain and tree
 PRESETS = ("code", "list", "story")  # two predictable genres and a creative one
-GAMMA = 4  # every chain guesses up to 4 tokens a round (a tree: its default budget)
+GAMMA = DEFAULT_GAMMA  # every chain guesses this many tokens a round (a tree: its default budget)
 MAX_NEW = 32  # per run: 3 presets × (1 + 4 helpers) runs of 32 tokens take about 3 minutes for qwen-coder on 2 cores
 
 
@@ -53,13 +54,11 @@ def available(pair: Any, helpers: Sequence[str] = HELPERS) -> tuple[tuple[str, .
     """The helpers this pair can run, and a line for each it cannot (no draft model, no trained head)."""
     ok, missing = [], []
     for name in helpers:
-        kind = drafters.spec(name)
-        if kind.needs_draft_model and pair.draft is None:
-            missing.append(f"{kind.title}: this pair has no draft model")
-        elif kind.needs_head and pair.head is None:
-            missing.append(f"{kind.title}: " + (pair.head_problem or "this pair ships no trained head"))
-        else:
+        problem = drafting.why_not(name, pair)
+        if problem is None:
             ok.append(name)
+        else:
+            missing.append(problem)
     return tuple(ok), tuple(missing)
 
 
@@ -105,8 +104,7 @@ def helpers_steps(pair: Any, config: HelpersConfig) -> Generator[Progress, None,
                                         done, total, f"{preset}: target alone", budget)
         done += budget
         for helper in helpers:
-            drafter = drafters.build(helper, pair.draft, pair.target, memory=datastore.shared_memory(helper, pair),
-                                     head=pair.head_for(helper))
+            drafter = drafting.resolve(helper, pair)
             gen = yield from with_progress(speculative_generate(pair.target, drafter, pair.tokenizer, ids, cfg, eos),
                                            done, total, f"{preset}: {drafters.spec(helper).title}", budget)
             cmp = metrics.compare(gen, base)

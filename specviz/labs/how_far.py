@@ -17,7 +17,7 @@ from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.limits import APP_MAX_NEW_RANGE
-from specviz.models import datastore
+from specviz.models import drafting
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
@@ -241,8 +241,7 @@ def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Ge
     runs: list[tuple[int, Generation]] = []
     for i, gamma in enumerate(config.gammas, start=1):
         yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
-        drafter = drafters.build(config.drafter, pair.draft, pair.target,
-                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head_for(config.drafter))
+        drafter = drafting.resolve(config.drafter, pair)
         gen = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
             budget * i, total, f"γ = {gamma}", budget)

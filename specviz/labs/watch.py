@@ -14,11 +14,11 @@ from specviz.core import drafters
 from specviz.core.engine import autoregressive_program, speculative_program
 from specviz.core.memory import SOURCE_WORDS, Memory
 from specviz.core.metrics import Comparison, compare
-from specviz.core.trace import Generation, RoundTrace
+from specviz.core.trace import MODEL_HELPER, Generation, RoundTrace
 from specviz.host import CpuSample, others_cores
 from specviz.serve.batch import SharedRun, Sharing
 from specviz.settings import Settings
-from specviz.models import datastore
+from specviz.models import drafting
 
 # RoundTrace is the record the page replays: the page takes it from here, not from core
 __all__ = ["BUSY_OTHERS", "AloneRecord", "OthersUse", "RoundTrace", "RunRef", "SharedServer", "baseline_run",
@@ -69,9 +69,7 @@ def speculative_run(pair: Any, prompt_ids: Sequence[int], s: Settings, memory: M
     `memory`: what a remembering drafter drafts from (the visitor's own runs, the class's when allowed, the
     datastore); None gives it the datastore only.
     """
-    drafter = drafters.build(s.drafter, pair.draft, pair.target, adaptive=s.adaptive,
-                             memory=memory if memory is not None else datastore.shared_memory(s.drafter, pair),
-                             head=pair.head_for(s.drafter))
+    drafter = drafting.resolve(s.drafter, pair, adaptive=s.adaptive, memory=memory)
     return SharedRun(speculative_program(pair.target, drafter, pair.tokenizer, list(prompt_ids), s.generation_config(),
                                          pair.eos_ids), pair.target)
 
@@ -371,6 +369,6 @@ def helper_sentence(r: RoundTrace) -> str | None:
         where = SOURCE_WORDS.get(r.memory_source, r.memory_source)
         return (f"The memory drafted this round: the text's last {r.match_length} tokens also stood in {where}, "
                 "and it proposed what came next there.")
-    if r.helper == "model":
+    if r.helper == MODEL_HELPER:
         return "The memory had no confident match, so the small draft model drafted this round."
     return None

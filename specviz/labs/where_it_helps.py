@@ -20,7 +20,7 @@ from specviz.core.progress import Progress, with_progress
 from specviz.presets import PRESETS, Preset, get_preset
 from specviz.settings import Settings, encode_prompt, prompt_problem
 from specviz.core.limits import APP_MAX_NEW_RANGE
-from specviz.models import datastore
+from specviz.models import drafting
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -150,8 +150,7 @@ def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, No
             autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
             done, total, f"{preset.title}, target alone", budget)
         yield Progress(done + budget, total, f"{preset.title}: speculative…")
-        drafter = drafters.build(config.drafter, pair.draft, pair.target, adaptive=config.spec.adaptive,
-                                 memory=datastore.shared_memory(config.drafter, pair), head=pair.head_for(config.drafter))
+        drafter = drafting.resolve(config.drafter, pair, adaptive=config.spec.adaptive)
         spec = yield from with_progress(
             speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
             done + budget, total, f"{preset.title}, speculative", budget)

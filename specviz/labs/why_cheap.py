@@ -15,7 +15,7 @@ import torch
 
 from specviz.bench.timing import Machine, machine_of, model_device, prefilled, spread, timed_pass_ms
 from specviz.settings import encode_prompt
-from specviz.core.limits import check_repeats
+from specviz.core.limits import DEFAULT_GAMMA, check_repeats
 from specviz.core.progress import Progress
 
 # A fixed context, prefilled once into the KV cache before any timed pass (about 90 tokens of code):
@@ -336,7 +336,7 @@ class ProfileConfig:
     """What the round profile runs: a model-drafter chain on a prompt, greedy."""
 
     prompt: str = CONTEXT
-    gamma: int = 4
+    gamma: int = DEFAULT_GAMMA
     max_new_tokens: int = 24
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.core import drafters
-from specviz.labs.helpers import HelpersResult
+from specviz.labs.helpers import GAMMA, HelpersResult
 from specviz.viz.chain_or_tree import preset_title
 from specviz.viz.style import PLAIN_COLOUR, layout
 
@@ -14,7 +14,7 @@ COLOURS = {"model": "#0072B2", "ngram": "#999999", "eagle": "#009E73", "eagle-tr
 SHORT = {"d1": {"model": "small model", "ngram": "copying", "eagle": "big model's notes",
                 "eagle-tree": "big model's notes, tree"},
          "d2": {"model": "draft model", "ngram": "prompt lookup", "eagle": "head (chain)", "eagle-tree": "head (tree)"},
-         "d5": {"model": "draft model, γ=4", "ngram": "n-gram lookup", "eagle": "EAGLE head, γ=4",
+         "d5": {"model": f"draft model, γ={GAMMA}", "ngram": "n-gram lookup", "eagle": f"EAGLE head, γ={GAMMA}",
                 "eagle-tree": "EAGLE-2 tree"}}
 
 

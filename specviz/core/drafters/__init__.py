@@ -9,9 +9,9 @@ one `register(DrafterSpec(...))`, here for the built-in kinds or in the new modu
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # the registry itself imports no torch: the CLI's help and checks read it before any model code loads
     import torch
@@ -37,6 +37,7 @@ class Parts:
     q_memo: QMemo | None = None  # the draft's q rows per prefix, shared by many samples of one prompt (the Same answer lab)
     memory: Memory | None = None  # what a remembering drafter drafts from besides the text (earlier runs, a datastore)
     head: EagleHead | None = None  # the pair's trained draft head (None: the pair ships none, or it was refused)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # any further part the kind declares (`DrafterSpec.resources`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class DrafterSpec:
     make: Callable[[Parts], Drafter] | str
     remembers: bool = False  # it drafts from a memory (earlier runs, a datastore): a run passes it `Parts.memory`
     needs_head: bool = False  # it drafts with the pair's trained head (`Parts.head`; the pair must ship one)
+    # further parts by name, each provided by a resource registered with models.drafting (`Parts.extra[name]`)
+    resources: tuple[str, ...] = ()
+    tree_of: str | None = None  # a tree kind: the chain kind whose guesses it grows into a tree (chain or tree compares them)
 
     @property
     def gamma_applies(self) -> bool:
@@ -94,10 +98,35 @@ def specs() -> tuple[DrafterSpec, ...]:
     return tuple(_REGISTRY.values())
 
 
+DEFAULT = "model"  # the drafter a run uses unless told otherwise (the sidebar's, the CLI's, every lab's)
+NONE = "none"  # a trace's drafter when no drafter ran: the target alone
+
+
+def is_drafter(name: str) -> bool:
+    """A registered kind (False for NONE, the target alone)."""
+    return name in _REGISTRY
+
+
+def chain_and_tree(name: str) -> tuple[str, str] | None:
+    """The chain kind and the tree kind of the helper `name` belongs to (either form given), or None where its helper
+    drafts only one shape."""
+    chain = spec(name).tree_of or name
+    tree = next((s.name for s in _REGISTRY.values() if s.tree_of == chain), None)
+    return (chain, tree) if tree is not None else None
+
+
+def shape_pairs() -> tuple[tuple[str, str], ...]:
+    """Every helper that drafts both shapes, as (chain kind, tree kind), in registration order."""
+    return tuple((s.tree_of, s.name) for s in _REGISTRY.values() if s.tree_of is not None)
+
+
 def build(name: str, draft: torch.nn.Module | None = None, target: torch.nn.Module | None = None,
           adaptive: bool = False, tree: TreeConfig | None = None, q_memo: QMemo | None = None,
-          memory: Memory | None = None, head: EagleHead | None = None) -> Drafter:
-    """The drafter every run uses, by name, from whatever the pair has loaded (a kind takes only what it needs)."""
+          memory: Memory | None = None, head: EagleHead | None = None, extra: Mapping[str, Any] | None = None) -> Drafter:
+    """A drafter by name from the parts given (a kind takes only what it needs).
+
+    Callers with a loaded pair use models.drafting.resolve, which fills the parts from the pair.
+    """
     kind = spec(name)
     if kind.needs_draft_model and draft is None:
         raise ValueError(f"the {kind.title} needs a draft model, and this pair has none loaded")
@@ -106,7 +135,10 @@ def build(name: str, draft: torch.nn.Module | None = None, target: torch.nn.Modu
     if kind.needs_head and head is None:
         raise ValueError(f"the {kind.title} needs a trained draft head, and this pair has none loaded "
                          f"(train one with `python -m specviz train-head`)")
-    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo, memory, head))
+    missing = [r for r in kind.resources if (extra or {}).get(r) is None]
+    if missing:
+        raise ValueError(f"the {kind.title} needs {', '.join(missing)}: resolve it through models.drafting")
+    return _maker(kind)(Parts(draft, target, adaptive, tree, q_memo, memory, head, dict(extra or {})))
 
 
 def _maker(kind: DrafterSpec) -> Callable[[Parts], Drafter]:
@@ -130,7 +162,7 @@ register(DrafterSpec(
     name="tree", title="tree of guesses (small draft model)",
     words="The small draft model guesses several possible continuations at once, as a tree; the big model checks "
           "every branch in one pass and keeps the longest one it agrees with.",
-    needs_draft_model=True, needs_features=False, shape="tree", length="variable", leviathan=False, make="specviz.core.drafters.tree:from_parts"))
+    needs_draft_model=True, needs_features=False, shape="tree", length="variable", leviathan=False, make="specviz.core.drafters.tree:from_parts", tree_of="model"))
 register(DrafterSpec(
     name="suffix", title="memory (suffix match, no second model)",
     words="No second model: it remembers. It finds the longest stretch of text that ends like this one, in this text, "
@@ -153,4 +185,4 @@ register(DrafterSpec(
     words="The same small layer on the big model's notes, but it grows a tree of guesses where it is most sure; the "
           "big model checks every branch in one pass.",
     needs_draft_model=False, needs_features=True, shape="tree", length="variable", leviathan=False,
-    make="specviz.core.drafters.eagle:tree_from_parts", needs_head=True))
+    make="specviz.core.drafters.eagle:tree_from_parts", needs_head=True, tree_of="eagle"))

@@ -23,10 +23,9 @@ from specviz.core.drafters.model import ModelDrafter
 from specviz.core.drafters.model import from_parts as model_from_parts
 from specviz.core.drafters.suffix import MemoryDraft, Ranked, SuffixConfig, SuffixSession, as_draft, with_source
 from specviz.core.memory import Memory
-from specviz.core.rounds import ChainSession, Draft, Kept, Round, RunTools, Session, Steps, chain_round
+from specviz.core.rounds import ChainSession, Draft, Kept, Round, RunTools, Session, Steps, chain_round, tree_round
 from specviz.core.sampling import SamplingConfig
-from specviz.core.trace import RoundTrace
-from specviz.core.tree import tree_round
+from specviz.core.trace import MEMORY_HELPER, MODEL_HELPER, RoundTrace
 from specviz.core.tree_rule import DraftTree
 
 # the memory drafts when it expects at least this many accepted tokens (about what a γ = 4 model chain
@@ -79,9 +78,9 @@ class HybridSession(Session):
             if found is not None:
                 self._tree = found
                 trace = yield from tree_round(self, r, tools)
-                return replace(with_source(trace, found), helper="memory", draft_ms=trace.draft_ms + lookup_ms)
+                return replace(with_source(trace, found), helper=MEMORY_HELPER, draft_ms=trace.draft_ms + lookup_ms)
         trace = yield from chain_round(self, r, tools)
-        return replace(trace, helper="model", draft_ms=trace.draft_ms + lookup_ms)
+        return replace(trace, helper=MODEL_HELPER, draft_ms=trace.draft_ms + lookup_ms)
 
 
 @dataclass(frozen=True, eq=False)

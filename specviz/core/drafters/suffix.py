@@ -20,10 +20,9 @@ import torch
 
 from specviz.core.drafters import Parts
 from specviz.core.memory import Match, Memory, SuffixIndex
-from specviz.core.rounds import Kept, Round, RunTools, Session, Steps
+from specviz.core.rounds import Kept, Round, RunTools, Session, Steps, tree_round
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import RoundTrace
-from specviz.core.tree import tree_round
 from specviz.core.tree_rule import DraftTree
 
 

@@ -10,10 +10,9 @@ import torch
 from specviz.core.drafters import Parts
 from specviz.core.drafters.model import QMemo
 from specviz.core.kv import TreeLM
-from specviz.core.rounds import Kept, Round, RunTools, Session, Steps, solo
+from specviz.core.rounds import Kept, Round, RunTools, Session, Steps, solo, tree_round
 from specviz.core.sampling import SamplingConfig, fit_vocab, logits_to_probs, sample_from
 from specviz.core.trace import RoundTrace
-from specviz.core.tree import tree_round
 from specviz.core.tree_rule import DraftTree
 
 BUDGET_RANGE = (1, 64)
