@@ -134,6 +134,11 @@ class RecordConfig:
         """How many chunk files the recording makes (the last may hold fewer prompts)."""
         return -(-self.prompts // self.chunk)
 
+    @property
+    def held_out(self) -> int:
+        """The prompts of the last chunk: the trainer holds that chunk out to score the head (run.train_stage)."""
+        return self.prompts - (self.chunks - 1) * self.chunk
+
 
 def _shared(model: torch.nn.Module, max_rows: int) -> Exactness:
     """Recording packs every run's rows into shared passes: training data need the target's features and laws, not

@@ -12,6 +12,7 @@ from specviz.core import drafters
 from specviz.core.trace import RoundTrace, TopDist
 from specviz.bench.gpu import GpuCosts
 from specviz.labs.how_far import Curves, RunTradeoff, best_case_speedup
+from specviz.train.data import RecordConfig
 from specviz.viz.playback import RaceTimeline, RunningPoint
 from specviz.viz.style import (
     ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, Q_COLOUR, RES_COLOUR, SPEED_COLOUR, chart_label, layout,
@@ -228,7 +229,7 @@ def _trained_prompts(rec: Mapping[str, Any], counts: Mapping[str, Any]) -> str:
     first, chunk = int(records[0]["prompts"]), int(records[0].get("chunk") or 0)
     if chunk <= 0:  # an older manifest without the chunk size: the held-out part is not known
         return f"{total:,} prompts"
-    held = (first - 1) % chunk + 1  # the last chunk's prompts (the trainer holds out chunk RecordConfig.chunks - 1)
+    held = RecordConfig(prompts=first, chunk=chunk).held_out  # the manifest's recording, held out as the trainer does
     left = int(counts.get("left_out_sequences", 0))
     why = f"{held:,} held out to score it" + (f", {left:,} left out because they open a held-out one" if left else "")
     return f"{total - held - left:,} prompts ({total:,} recorded: {why})"
