@@ -13,7 +13,7 @@ from specviz.core.drafters import DrafterSpec, Parts
 from specviz.core.drafters.ngram import find_ngram_continuation
 from specviz.core.engine import autoregressive_generate, speculative_generate, speculative_program
 from specviz.core.progress import drain
-from specviz.core.rounds import ChainDraftSession, Draft, Kept, Steps
+from specviz.core.rounds import Session, Draft, Kept, Steps
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.core.tree import ChainAsTree
@@ -25,7 +25,7 @@ LAYERS = (-1, 1)  # the last layer after the final norm (what EAGLE reads), and 
 PROMPTS = ([1, 5, 2, 7, 1, 5, 2, 7, 1, 5], [3, 3, 4, 3, 3, 4, 3], [6, 2, 6, 2, 6, 2, 6, 2, 6])
 
 
-class _HearingSession(ChainDraftSession):
+class _HearingSession(Session):
     """Proposes by prompt lookup (so rounds accept drafts) and writes down every verdict it hears."""
 
     features = LAYERS

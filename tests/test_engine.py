@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specviz.core.progress import drain
-from specviz.core.rounds import ChainDraftSession, Draft
+from specviz.core.rounds import Session, Draft
 from specviz.core.drafters.model import ModelDrafter
 from specviz.core.drafters.ngram import NgramDrafter, find_ngram_continuation
 from specviz.core.engine import autoregressive_generate, speculative_generate, speculative_program
@@ -64,7 +64,7 @@ class WrongDrafter:
     def start(self, prompt_ids, sampling, vocab_size):
         lm = CachedLM(self.target)
 
-        class Session(ChainDraftSession):
+        class WrongSession(Session):
             def propose_steps(self, ids, gamma, generator):
                 seq = list(ids)
                 for _ in range(gamma):
@@ -72,7 +72,7 @@ class WrongDrafter:
                 toks = tuple(seq[len(ids):])
                 return Draft(toks, logits_to_probs(torch.nn.functional.one_hot(torch.tensor(toks), vocab_size).float(), sampling))
 
-        return Session()
+        return WrongSession()
 
 
 def _greedy(n=48, gamma=4):

@@ -14,7 +14,7 @@ from specviz.core import drafters
 from specviz.core.drafters import DrafterSpec, Parts
 from specviz.core.drafters.ngram import find_ngram_continuation
 from specviz.core.progress import drain
-from specviz.core.rounds import ChainDraftSession, Draft, Steps
+from specviz.core.rounds import Session, Draft, Steps
 from specviz.core.sampling import SamplingConfig
 from specviz.core.tree import ChainAsTree
 from specviz.models import drafting
@@ -33,7 +33,7 @@ class PhraseBook:
     fallback: tuple[int, ...]
 
 
-class _PhraseSession(ChainDraftSession):
+class _PhraseSession(Session):
     def __init__(self, book: PhraseBook, vocab: int) -> None:
         self.book, self.vocab = book, vocab
 

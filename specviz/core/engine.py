@@ -1,7 +1,7 @@
 """The decoding loop: a run is a program of rounds that asks for model passes; `speculative_generate` and `autoregressive_generate` answer them alone.
 
 `run_program` is only the loop: it prefills (and tells the session what the target settled), asks
-the policy for γ, lets the run's session play a round (`RoundSession.round`, whatever the drafter),
+the policy for γ, lets the run's session play a round (`Session.round`, whatever the drafter),
 cuts at EOS or the budget, and yields each RoundTrace. The passes it needs come out of it as Feeds; `rounds.solo_run` answers them one by one,
 and `specviz.serve` answers many runs' feeds in one forward. Both give each run the same answers.
 """

@@ -192,75 +192,46 @@ class RunTools:
     vocab: int  # the target's vocabulary: q rows are fitted to it
 
 
-class RoundSession(Protocol):
-    """A drafter bound to one run (it owns that run's draft state, e.g. a KV cache): reads the prompt, plays rounds, hears verdicts."""
-
-    features: tuple[int, ...]  # the target's hidden-state layers it wants in every `Kept` (transformers' indices); () = none
-
-    def prefill(self, ids: Sequence[int]) -> Steps[None]: ...
-
-    def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]: ...
-
-    def hear(self, kept: Kept) -> None: ...
-
-
-class Drafter(Protocol):
-    """Stateless factory of round sessions; the loop never looks inside."""
-
-    name: str
-
-    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> RoundSession: ...
-
-
 class Session:
-    """The base of every session: no prompt reading, no features, nothing to do with a verdict (override what you need)."""
+    """A drafter bound to one run, the one kind of session: it owns that run's draft state (e.g. a KV cache), reads the
+    prompt (`prefill`), plays each round (`round`) and hears each verdict (`hear`).
+
+    A chain drafter writes `propose_steps` (up to γ tokens in a row) and its rounds are chain rounds, the default; a
+    tree drafter writes `propose_tree_steps` and plays `tree_round` in its `round`. `features` names the target's
+    hidden-state layers (transformers' indices) it wants in every `Kept`; () = none. Override what you need.
+    """
 
     features: tuple[int, ...] = ()
 
     def prefill(self, ids: Sequence[int]) -> Steps[None]:
         yield from ()
 
-    def hear(self, kept: Kept) -> None:
-        pass
-
-
-class ChainSession(Protocol):
-    """A session whose rounds are chains: it proposes up to γ tokens in a row, and `chain_round` does the rest."""
-
-    features: tuple[int, ...]
-
-    def prefill(self, ids: Sequence[int]) -> Steps[None]: ...
-
-    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]: ...
-
-    def hear(self, kept: Kept) -> None: ...
-
-
-class TreeProposer(Protocol):
-    """What a tree round asks of a session: a tree after the run's ids, at most max_depth levels deep; and to hear the verdict."""
-
-    features: tuple[int, ...]
-
-    def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]: ...
-
-    def hear(self, kept: Kept) -> None: ...
-
-
-class ChainDraftSession(Session):
-    """The base of every chain drafter's session: write `propose_steps` (and `prefill` if it reads the prompt); rounds are chain rounds."""
-
     def round(self, r: Round, tools: RunTools) -> Steps[RoundTrace]:
         return chain_round(self, r, tools)
+
+    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
+        raise NotImplementedError("a chain drafter's session writes propose_steps")
+
+    def propose_tree_steps(self, ids: Sequence[int], max_depth: int, generator: torch.Generator) -> Steps[DraftTree]:
+        raise NotImplementedError("a tree drafter's session writes propose_tree_steps")
 
     def propose(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Draft:
         """`propose_steps` answered alone (tests and tools that draft outside a run)."""
         return solo(self.propose_steps(ids, gamma, generator))
 
-    def propose_steps(self, ids: Sequence[int], gamma: int, generator: torch.Generator) -> Steps[Draft]:
-        raise NotImplementedError
+    def hear(self, kept: Kept) -> None:
+        pass
 
 
-def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+class Drafter(Protocol):
+    """Stateless factory of sessions, one per run; the loop never looks inside."""
+
+    name: str
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingConfig, vocab_size: int) -> Session: ...
+
+
+def chain_round(session: Session, r: Round, tools: RunTools) -> Steps[RoundTrace]:
     """Draft up to γ tokens, verify them in one target pass, keep the agreed prefix plus one token, tell the session, record it."""
     k_max = max(0, min(r.gamma, r.budget - 1))  # never draft past the budget
     t = clock.now()
@@ -289,7 +260,7 @@ def chain_round(session: ChainSession, r: Round, tools: RunTools) -> Steps[Round
     return trace
 
 
-def tree_round(proposer: TreeProposer, r: Round, tools: RunTools) -> Steps[RoundTrace]:
+def tree_round(proposer: Session, r: Round, tools: RunTools) -> Steps[RoundTrace]:
     """Draft a tree, verify it in one target pass, keep the accepted branch plus one token, tell the proposer, record it.
 
     A round that may draft nothing (γ 0 from the policy, or one token of budget left) is a plain target step.
@@ -382,10 +353,10 @@ def tree_round_trace(r: Round, tree: DraftTree, p: torch.Tensor, v: TreeVerdict,
     )
 
 
-class _NothingDrafted:
+class _NothingDrafted(Session):
     """A tree proposer seen as a chain proposer of nothing (a round with γ 0 still tells it the verdict)."""
 
-    def __init__(self, proposer: TreeProposer) -> None:
+    def __init__(self, proposer: Session) -> None:
         self.proposer = proposer
         self.features = proposer.features
 

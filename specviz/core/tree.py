@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specviz.core.rounds import ChainSession, Draft, Kept, Round, RunTools, Session, Steps, tree_round
+from specviz.core.rounds import Draft, Kept, Round, RunTools, Session, Steps, tree_round
 from specviz.core.trace import RoundTrace
 from specviz.core.tree_rule import DraftTree
 
@@ -31,7 +31,7 @@ def chain_tree(draft: Draft) -> DraftTree:
 class ChainAsTree(Session):
     """Any chain proposer played as tree rounds (a one-branch tree of at most `gamma` nodes): the tree round takes every proposer."""
 
-    def __init__(self, chain: ChainSession, gamma: int) -> None:
+    def __init__(self, chain: Session, gamma: int) -> None:
         self.chain = chain
         self.gamma = gamma
         self.features = chain.features

@@ -25,7 +25,7 @@ import torch
 
 from specviz.core.drafters.eagle import LAST_LAYER
 from specviz.core.engine import speculative_program
-from specviz.core.rounds import ChainDraftSession, Draft, Kept, Steps
+from specviz.core.rounds import Session, Draft, Kept, Steps
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
 from specviz.models.datastore import source_files
@@ -88,7 +88,7 @@ def training_prompts(seed: int, n: int) -> list[str]:
     return out
 
 
-class _Recorder(ChainDraftSession):
+class _Recorder(Session):
     """Drafts nothing; keeps every feature row the target hands it (positions 0.. in order)."""
 
     features = (LAST_LAYER,)

@@ -20,7 +20,7 @@ import torch
 from specviz.core.drafters import Parts
 from specviz.core.drafters.tree import TreeConfig, TreeSession, _Cand
 from specviz.core.head import EagleHead
-from specviz.core.rounds import ChainDraftSession, Draft, Kept, Steps
+from specviz.core.rounds import Session, Draft, Kept, Steps
 from specviz.core.sampling import SamplingConfig, draft_confidence, sample_from
 from specviz.core.tree_rule import DraftTree
 
@@ -63,7 +63,7 @@ class _HeadState:
         return guessed
 
 
-class _EagleSession(ChainDraftSession):
+class _EagleSession(Session):
     features = (LAST_LAYER,)
 
     def __init__(self, head: EagleHead, sampling: SamplingConfig, vocab_size: int, min_confidence: float,

@@ -23,7 +23,7 @@ from specviz.core.drafters.model import ModelDrafter
 from specviz.core.drafters.model import from_parts as model_from_parts
 from specviz.core.drafters.suffix import MemoryDraft, Ranked, SuffixConfig, SuffixSession, as_draft, with_source
 from specviz.core.memory import Memory
-from specviz.core.rounds import ChainSession, Draft, Kept, Round, RunTools, Session, Steps, chain_round, tree_round
+from specviz.core.rounds import Draft, Kept, Round, RunTools, Session, Steps, chain_round, tree_round
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import MEMORY_HELPER, MODEL_HELPER, RoundTrace
 from specviz.core.tree_rule import DraftTree
@@ -37,7 +37,7 @@ MIN_MATCH = 8
 class HybridSession(Session):
     """One run's hybrid: a memory session and a draft-model session, one of them drafting each round."""
 
-    def __init__(self, memory: SuffixSession, model: ChainSession, threshold: float, min_match: int) -> None:
+    def __init__(self, memory: SuffixSession, model: Session, threshold: float, min_match: int) -> None:
         self.memory = memory
         self.model = model
         self.threshold = threshold

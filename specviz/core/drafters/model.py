@@ -11,7 +11,7 @@ import torch
 from specviz.core import profile
 from specviz.core.drafters import Parts
 from specviz.core.kv import CachedLM
-from specviz.core.rounds import ChainDraftSession, Draft, Steps
+from specviz.core.rounds import Session, Draft, Steps
 from specviz.core.sampling import SamplingConfig, draft_confidence, draft_q, sample_from
 
 
@@ -23,7 +23,7 @@ class QMemo(Protocol):
     def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]: ...  # (n_last, V) q rows, draft_q applied
 
 
-class _ModelDraftSession(ChainDraftSession):
+class _ModelDraftSession(Session):
     def __init__(self, model: torch.nn.Module, sampling: SamplingConfig, vocab_size: int,
                  min_confidence: float, min_tokens: int, memo: QMemo | None) -> None:
         self.lm = CachedLM(model) if memo is None else None  # a memo brings its own cache

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.core.drafters import Parts
-from specviz.core.rounds import ChainDraftSession, Draft, Steps
+from specviz.core.rounds import Session, Draft, Steps
 from specviz.core.sampling import SamplingConfig
 
 
@@ -26,7 +26,7 @@ def find_ngram_continuation(ids: Sequence[int], max_ngram: int, min_ngram: int, 
     return []
 
 
-class _NgramSession(ChainDraftSession):
+class _NgramSession(Session):
     def __init__(self, max_ngram: int, min_ngram: int, vocab_size: int) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
