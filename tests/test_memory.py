@@ -1,4 +1,4 @@
-"""The helper that remembers (core.memory, drafters suffix and hybrid, models.datastore): matches, bounds, exactness, runs that draft from runs."""
+"""The helper that remembers (core.memory: its index, runs and datastore; drafters suffix and hybrid): matches, bounds, exactness, runs that draft from runs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from specviz.core.memory import Match, Memory, RunMemory, SuffixIndex
 from specviz.core.progress import drain
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.models import datastore
+from specviz.core.memory import datastore
 from tests.test_cli import run_json
 from tests.test_engine import TOK, tiny_lm
 from tests.test_tree import V as LAW_V
@@ -350,7 +350,7 @@ def _drafted_from(memory: Memory, ids: list[int]) -> set[str]:
 
 
 def test_a_visitor_drafts_from_their_own_runs_only_unless_the_class_memory_is_given():
-    from specviz.serve.memories import Memories
+    from specviz.core.memory import Memories
 
     store = Memories()
     secret = [5, 6, 7, 8, 9, 10]
@@ -367,7 +367,7 @@ def test_a_visitor_drafts_from_their_own_runs_only_unless_the_class_memory_is_gi
 
 
 def test_a_servers_memories_stay_bounded_over_hundreds_of_runs_by_many_visitors():
-    from specviz.serve import memories
+    from specviz.core.memory import runs as memories
 
     store = memories.Memories(max_visitors=8)
     rng = random.Random(0)

@@ -139,10 +139,9 @@ def _memory_drafter(kind: str, pair, memory):
 @pytest.mark.real
 @pytest.mark.parametrize("kind", ["suffix", "hybrid"])
 def test_smollm2_memory_drafters_are_identical_and_the_second_run_copies_the_first(smollm, smollm_baselines, kind):
-    from specviz.core.memory import RunMemory
-    from specviz.models import datastore
+    from specviz.core.memory import RunMemory, datastore, memory_for
 
-    memory = datastore.memory_for(smollm, visitor=RunMemory(datastore.vocab_size(smollm)))
+    memory = memory_for(smollm, visitor=RunMemory(datastore.vocab_size(smollm)))
     made = _memory_drafter(kind, smollm, memory)
     _check_identity(smollm, smollm_baselines, "code", 4, made)  # the first run: the datastore and the text
     _check_identity(smollm, smollm_baselines, "code", 4, made)  # the second: from the first, too
@@ -166,7 +165,7 @@ def test_smollm2_sampled_hybrid_runs_follow_the_targets_law(smollm):
 
     from specviz.core.engine import speculative_program
     from specviz.core.memory import Memory, RunMemory
-    from specviz.models import datastore
+    from specviz.core.memory import datastore
     from specviz.serve.batch import run_together
     from tests.test_tree import chi_square_pvalue, joint_two
 

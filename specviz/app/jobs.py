@@ -16,7 +16,7 @@ import streamlit as st
 
 from specviz.app import policy as policy_rules
 from specviz.app.pairs import user_error
-from specviz.serve.memories import Memories
+from specviz.core.memory import Memories
 from specviz.serve.worker import Job, JobView, OwnerBusy, Runner, RunnerBusy
 from specviz.app.sidebar import current_policy
 

@@ -11,10 +11,10 @@ import streamlit as st
 from specviz.app import jobs
 from specviz.app.settings import shown
 from specviz.app.sidebar import current_policy, read_query
+from specviz.core import memory
 from specviz.core.memory import Memory
 from specviz.labs import watch
 from specviz.labs.watch import RoundTrace, RunRef
-from specviz.models import datastore
 from specviz.presets import DEFAULT_PRESET, PRESETS, get_preset
 from specviz.serve.worker import JobView
 from specviz.settings import MAX_PROMPT_CHARS, Settings
@@ -230,9 +230,7 @@ def _memory_maker(pair: Any, s: Settings) -> Callable[[], Memory | None]:
     owner, class_wide, store = jobs.owner_id(), current_policy().class_memory, jobs.memories()
 
     def make() -> Memory:
-        vocab, name = datastore.vocab_size(pair), pair.spec.name
-        return datastore.memory_for(pair, visitor=store.visitor(owner, name, vocab),
-                                    shared=store.class_wide(name, vocab) if class_wide else None)
+        return memory.visitor_memory(pair, store, owner, class_wide)
 
     return make
 

@@ -31,7 +31,7 @@ def cmd_build_datastore(args: argparse.Namespace) -> int:
     quiet_libraries(args.quiet)
     name = resolve_pair_name(args.pair)
     from specviz import models
-    from specviz.models import datastore
+    from specviz.core.memory import datastore
 
     pair = models.load_pair(name, progress=stderr_progress(args.quiet))
     t0 = time.perf_counter()
@@ -44,7 +44,7 @@ def cmd_build_datastore(args: argparse.Namespace) -> int:
 
 def datastore_line(name: str, seconds: float) -> str:
     """One line: what the pair's datastore holds, and where."""
-    from specviz.models import datastore
+    from specviz.core.memory import datastore
 
     m = datastore.manifest(name) or {}
     return (f"{name}: datastore of {m.get('tokens', 0):,} tokens from {m.get('files', 0)} files of {m.get('source')} "

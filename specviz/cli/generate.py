@@ -113,10 +113,9 @@ def run_memories(drafter: str, pair: Any) -> tuple[Any, Any]:
     """For a drafter that remembers: this command's memory (its runs, the datastore) and the warm-up's (datastore only)."""
     if not drafters.spec(drafter).remembers:
         return None, None
-    from specviz.core.memory import Memory, RunMemory
-    from specviz.models import datastore
+    from specviz.core.memory import Memory, RunMemory, datastore, memory_for
 
-    memory = datastore.memory_for(pair, visitor=RunMemory(datastore.vocab_size(pair)))
+    memory = memory_for(pair, visitor=RunMemory(datastore.vocab_size(pair)))
     return memory, Memory(datastore=memory.datastore)
 
 

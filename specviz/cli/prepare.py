@@ -33,7 +33,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     names = [resolve_pair_name(n) for n in (args.pairs or [None])]
     from specviz import models
     from specviz.cli.datastore import datastore_line
-    from specviz.models import datastore, footprint
+    from specviz.core.memory import datastore
+    from specviz.models import footprint
     from specviz.models.cached import _return_freed_memory
     from specviz.models.locate import cache_dir
 

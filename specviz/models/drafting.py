@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specviz.core import drafters
-from specviz.models import datastore
+from specviz.core import memory as memories
 
 if TYPE_CHECKING:
     from specviz.core.drafters.model import QMemo
@@ -88,15 +88,14 @@ def resolve(name: str, pair: Any, *, adaptive: bool = False, tree: TreeConfig | 
     """The named drafter for this pair, every part it declares filled from the pair.
 
     `memory` is what a remembering drafter drafts from; left out, it is the shared memory (the
-    pair's datastore only, so that no visitor's text reaches another's screen: see
-    datastore.shared_memory). Raises ValueError with `why_not`'s sentence where the pair lacks a part.
+    pair's datastore only, so that no visitor's text reaches another's screen: the privacy rule in core.memory). Raises ValueError with `why_not`'s sentence where the pair lacks a part.
     """
     problem = why_not(name, pair)
     if problem is not None:
         raise ValueError(problem)
     kind = drafters.spec(name)
     if kind.remembers and memory is None and hasattr(pair, "spec"):  # a bare Models has no datastore of its own
-        memory = datastore.shared_memory(name, pair)
+        memory = memories.shared_memory(name, pair)
     extra = {wanted: _RESOURCES[wanted].provide(pair) for wanted in kind.resources}
     return drafters.build(name, getattr(pair, "draft", None), pair.target, adaptive=adaptive, tree=tree, q_memo=q_memo,
                           memory=memory if kind.remembers else None,

@@ -5,42 +5,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from specviz.core.files import cache_dir, file_lock  # noqa: F401  (where the cache lives: read from here by models)
 from specviz.models import fetch
 from specviz.models.base import PairError, LoadProgress, _no_progress
 from specviz.models.catalogue import GgufPart, GgufSource
 
-try:  # advisory file locks keep two processes (the app, a CLI run, a test worker) from building one thing at once
-    import fcntl
-except ImportError:  # pragma: no cover - not on Linux/macOS: build without a lock
-    fcntl = None  # type: ignore[assignment]
-
 _CHUNK = 8 << 20  # 8 MiB reads: hashing 1.1 GB streams in constant memory
-
-
-def cache_dir() -> Path:
-    """Where converted weights live: $SPECVIZ_CACHE, else ~/.cache/specviz."""
-    return Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz").expanduser()
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `path`, held while one process builds something in the cache."""
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _reinstall_hint(parts: tuple[GgufPart, ...] | list[GgufPart]) -> str:

@@ -193,11 +193,12 @@ def load_pair(
         kernel = rowgemm.kernel() if choice.draft == "int8" and dev.type == "cpu" else None
         if kernel is not None:
             # rowgemm wherever it is built (whichever kernel the target's fp16 weights run on): every linear in int8
-            # weights with fp32 activations (the down projections too: no activation scale to lose), the output
-            # layer over the pair's draft vocabulary where it ships one. 0.23 GB less than fbgemm's draft here
+            # weights with fp32 activations (the down projections too: no activation scale to lose). The output layer
+            # keeps the whole vocabulary: over the head's 32,768 ids it read 107 MB less a step, but the draft then
+            # could not propose the code preset's ` fibonacci` or the story's ` Owl`, and its α fell from 0.96 to 0.88
+            # on code and from 0.81 to 0.66 on the story (bench --quick, 2026-12-07, Ice Lake Xeon): slower runs
             report(0.87, "storing the draft's weights in int8 for rowgemm")
-            vocab = heads.vocabulary(spec.name, model.config.vocab_size)
-            int8w.int8w_linears(model, kernel, None if vocab is None else vocab.ids)
+            int8w.int8w_linears(model, kernel)
         elif choice.target == "fp16w" and choice.draft == "int8":
             # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
             # fp32 arithmetic still, so only the draft's guesses can change, never the output

@@ -28,7 +28,7 @@ from specviz.core.engine import speculative_program
 from specviz.core.rounds import Session, Draft, Kept, Steps
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
-from specviz.models.datastore import source_files
+from specviz.core.memory.datastore import source_files
 from specviz.serve.batch import run_together
 from specviz.serve.exact import Exactness
 from specviz.train.store import save_tree

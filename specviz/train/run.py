@@ -83,7 +83,7 @@ def text_folder(recipe: HeadRecipe) -> Path:
 
 def text_stage(pair: Any, recipe: HeadRecipe, report: Report) -> list[Path]:
     """Read the recipe's datastore pieces through the target, a line per saved chunk with the time left."""
-    from specviz.models import datastore
+    from specviz.core.memory import datastore
 
     docs = datastore.ensure(pair.spec.name, pair.tokenizer, datastore.vocab_size(pair)).documents()
     progress = chunk_progress(report, "reading code", "", text_folder(recipe), "text-*.safetensors")
@@ -157,7 +157,7 @@ def vocabulary(data: Sequences, pair: Any, n: int,
                given: DraftVocab | None = None) -> tuple[DraftVocab, dict[str, int]]:
     """The n most frequent ids in the recorded text and the pair's datastore of code (ties: the smaller id, which
     in a BPE vocabulary is the earlier, more common merge), or the `given` one; with the counts and its coverage."""
-    from specviz.models import datastore
+    from specviz.core.memory import datastore
 
     size = pair.target.config.vocab_size
     counts = token_counts(data, size)

@@ -17,13 +17,15 @@ import re
 import sysconfig
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Iterator
 
 import numpy as np
 
-from specviz.core.memory import Memory, RunMemory, SuffixIndex
-from specviz.models.base import LoadProgress
-from specviz.models.locate import cache_dir, file_lock
+from specviz.core.files import cache_dir, file_lock
+from specviz.core.memory.index import SuffixIndex
+
+LoadProgress = Callable[[float, str], None]  # a load's (fraction, message) callback, as models.base names it
 
 FORMAT = 1
 MAX_TOKENS = 1_000_000  # the bound: 4 MB of int32 ids, a suffix array of 8 MB, built in well under a second
@@ -179,19 +181,3 @@ def for_pair(pair: Any, progress: LoadProgress | None = None) -> SuffixIndex:
 def vocab_size(pair: Any) -> int:
     """The ids a memory of this pair may hold: the target's vocabulary (what q rows are fitted to)."""
     return int(pair.target.config.vocab_size)
-
-
-def memory_for(pair: Any, visitor: RunMemory | None = None, shared: RunMemory | None = None) -> Memory:
-    """What a remembering drafter drafts from on this pair: the run memories given and the pair's datastore."""
-    return Memory(visitor=visitor, shared=shared, datastore=for_pair(pair))
-
-
-def shared_memory(drafter: str, pair: Any) -> Memory | None:
-    """The memory of a run whose result anyone may see (a shared job, a lab, the benchmark): the datastore only.
-
-    No earlier run is in it, so two visitors asking the same thing get the same drafts, and nobody's text reaches
-    another's screen; None for a drafter that does not remember.
-    """
-    from specviz.core import drafters
-
-    return Memory(datastore=for_pair(pair)) if drafters.spec(drafter).remembers else None

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specviz.core.memory import RunMemory
+from specviz.core.memory.index import RunMemory
 
 # A visitor's memory: a lesson's worth of runs (a run is at most a 2,000-character prompt and 256 new tokens,
 # under 1,000 tokens). As Python tuples of ints that is at most about 0.6 MB per visitor, 40 MB for 64 visitors.
