@@ -64,3 +64,14 @@ def test_a_dynamic_int8_layer_keeps_its_own_int8_values():
         ref = torch.nn.functional.linear(x, lin[0].weight, lin[0].bias)
     assert torch.allclose(layer(x), ref, atol=0.05)  # int8 weights: close to fp32, not equal
 
+
+
+def test_the_drafts_output_layer_keeps_every_id_unless_told(monkeypatch):
+    """The whole vocabulary by default (over the head's ids the draft missed the presets' own words); `head` on request."""
+    from specviz.models.registry import draft_vocab
+
+    monkeypatch.delenv("SPECVIZ_DRAFT_VOCAB", raising=False)
+    assert draft_vocab() == "full"
+    for value, want in (("head", "head"), (" HEAD ", "head"), ("full", "full"), ("nonsense", "full")):
+        monkeypatch.setenv("SPECVIZ_DRAFT_VOCAB", value)
+        assert draft_vocab() == want
