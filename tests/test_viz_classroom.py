@@ -201,10 +201,11 @@ def test_the_shipped_gpu_figures_hold_only_valid_numbers_and_say_what_follows():
 # ------------------------------------------------------------------------------------------ 4: the int8 draft
 
 
-def test_the_int8_draft_keeps_its_down_projections_out_of_activation_int8():
+def test_the_int8_draft_keeps_its_down_projections_out_of_activation_int8(monkeypatch):
     """fbgemm's dynamic int8 quantizes each pass's activations with one scale, which the few huge channels of a down
     projection's input wipe out: there the down projections stay fp32. rowgemm's int8 keeps activations in fp32, so
-    every linear, the down projections included, holds int8 weights (and the output layer only the draft vocabulary)."""
+    every linear, the down projections included, holds int8 weights, the output layer over the whole vocabulary unless
+    SPECVIZ_DRAFT_VOCAB=head asks for the head's ids only."""
     import torch
 
     from specviz.models import load_pair, rowgemm
@@ -216,7 +217,9 @@ def test_the_int8_draft_keeps_its_down_projections_out_of_activation_int8():
     kinds = {name.rsplit(".", 1)[-1]: type(mod) for name, mod in pair.draft.named_modules()
              if isinstance(mod, (torch.nn.Linear, PackedLinear, dynamic, Int8WLinear))}  # PackedLinear: a wrong kind
     if rowgemm.kernel() is not None:
-        assert set(kinds.values()) == {Int8WLinear} and pair.draft.lm_head.ids is not None  # the tiny head's vocabulary
+        assert set(kinds.values()) == {Int8WLinear} and pair.draft.lm_head.ids is None  # every id: the default
+        monkeypatch.setenv("SPECVIZ_DRAFT_VOCAB", "head")
+        assert load_pair("tiny-random", "int8").draft.lm_head.ids is not None  # the tiny head's vocabulary
     else:
         assert kinds["down_proj"] is torch.nn.Linear  # fp32 (and not packed): its input's outlier channels do not survive
         assert kinds["up_proj"] is dynamic and kinds["q_proj"] is dynamic and kinds["lm_head"] is dynamic
