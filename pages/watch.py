@@ -44,8 +44,12 @@ ss = st.session_state
 
 def _header(s: Settings) -> None:
     st.title("Watch it work" if s.level != "d1" else "Watch the helper at work")
-    for note in ss.pop(P + "notes", []):
-        st.warning(note, icon=":material/link:")
+    notes = ss.get(P + "notes", [])
+    if notes and ss.setdefault(P + "notes_for", s) == s:  # kept through the page's own reruns (Play's), as the sidebar's
+        for note in notes:
+            st.warning(note, icon=":material/link:")
+    else:
+        ss.pop(P + "notes", None)
     lesson_md(s.level, "intro")
     if s.level == "d1":
         lesson_md("d1", "picture")

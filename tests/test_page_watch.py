@@ -118,6 +118,8 @@ def test_bad_page_query_values_get_friendly_notes():
     notes = " ".join(w.value for w in at.warning)
     assert "preset `nonsense`" in notes and "speed=warp" in notes
     assert at.text_area(key="watch.prompt").value.startswith("def fibonacci")
+    at.run()  # the page runs again by itself (Play, a job's end): the link's notes stay until a setting changes
+    assert "speed=warp" in " ".join(w.value for w in at.warning)
 
 
 def test_a_shared_link_restores_the_prompt():

@@ -14,11 +14,10 @@ batching, and a new drafter is a session with a proposer (see `specviz.core.draf
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
-
-import math
 
 import torch
 

@@ -87,8 +87,9 @@ def resolve(name: str, pair: Any, *, adaptive: bool = False, tree: TreeConfig | 
             q_memo: QMemo | None = None, memory: Memory | None = None) -> Drafter:
     """The named drafter for this pair, every part it declares filled from the pair.
 
-    `memory` is what a remembering drafter drafts from; left out, it is the shared memory (the
-    pair's datastore only, so that no visitor's text reaches another's screen: the privacy rule in core.memory). Raises ValueError with `why_not`'s sentence where the pair lacks a part.
+    `memory` is what a remembering drafter drafts from; left out, it is the shared memory (the pair's
+    datastore only, so that no visitor's text reaches another's screen: the privacy rule in core.memory).
+    Raises ValueError with `why_not`'s sentence where the pair lacks a part.
     """
     problem = why_not(name, pair)
     if problem is not None:

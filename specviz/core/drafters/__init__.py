@@ -2,7 +2,7 @@
 
 The sidebar, the command line, the checks, the metrics, every lab, the benchmark and the pages
 read these entries; none of them spells a drafter's name. Adding a drafter is one module (its
-session: a chain proposer for `rounds.chain_round` or a tree proposer for `tree.tree_round`) and
+session: a chain proposer for `rounds.chain_round` or a tree proposer for `rounds.tree_round`) and
 one `register(DrafterSpec(...))`, here for the built-in kinds or in the new module itself.
 """
 
