@@ -8,7 +8,6 @@ or whose target differs from the loaded one in any shape, is refused with a mess
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from specviz.core.files import sha256_file
 from specviz.models.base import PairError
 
 HEADS_DIR = Path(__file__).resolve().parents[2] / "assets" / "heads"
@@ -51,12 +51,7 @@ def has_head(pair_name: str, folder: Path | None = None) -> bool:
     return paths(pair_name, folder)[1].exists()
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sha256 = sha256_file  # a head file's sha256, as its manifest records it
 
 
 def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from specviz.core.files import cache_dir, file_lock
+from specviz.core.files import cache_dir, file_lock, sha256_file
 from specviz.core.memory.index import SuffixIndex
 
 LoadProgress = Callable[[float, str], None]  # a load's (fraction, message) callback, as models.base names it
@@ -92,7 +92,7 @@ def build(pair_name: str, tokenizer: Any, vocab_size: int, max_tokens: int = MAX
     with _part(out, "tokens.npz") as part:
         with part.open("wb") as f:
             np.savez(f, tokens=tokens, offsets=offsets)
-        digest = _sha256(part)
+        digest = sha256_file(part)
     manifest = {"format": FORMAT, "pair": pair_name, "source": "the Python standard library's .py files",
                 "files": len(chunks), "tokens": int(tokens.size), "max_tokens": max_tokens, "sha256": digest,
                 "tokenizer": tokenizer_id(tokenizer), "vocab_size": vocab_size,
@@ -130,7 +130,7 @@ def load(pair_name: str, tokenizer: Any, vocab_size: int) -> SuffixIndex:
         raise DatastoreError(f"no datastore for {pair_name}: run `python -m specviz build-datastore --pair {pair_name}`")
     if found.get("format") != FORMAT:
         raise DatastoreError(f"the datastore of {pair_name} has format {found.get('format')}, not {FORMAT}: build it again")
-    if _sha256(data) != found["sha256"]:
+    if sha256_file(data) != found["sha256"]:
         raise DatastoreError(f"the datastore of {pair_name} does not match its sha256 (damaged?): build it again")
     if found["tokenizer"] != tokenizer_id(tokenizer) or found["vocab_size"] != vocab_size:
         raise DatastoreError(f"the datastore of {pair_name} was made with another tokenizer: build it again")
@@ -156,14 +156,6 @@ def ensure(pair_name: str, tokenizer: Any, vocab_size: int,
         except DatastoreError:
             build(pair_name, tokenizer, vocab_size, progress=progress)
     return load(pair_name, tokenizer, vocab_size)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 _LOADED: dict[tuple[str, str], SuffixIndex] = {}  # one index per pair and cache folder, shared by every visitor (read-only)
