@@ -20,6 +20,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(in this process or a child); runs on the worker that holds that pair")
     config.addinivalue_line("markers", "quiet: times real runs and judges whether the machine was busy: runs while the "
                                        "other worker runs nothing (see _share_the_machine)")
+    config.addinivalue_line("markers", "first_start: measures the default pair's first start, which builds the suite's "
+                                       "cache when it holds nothing of the pair: handed out first on its worker")
 
 
 def _holds_default_pair(item: pytest.Item) -> bool:
@@ -41,13 +43,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Each worker is its own process: two holding the 4.4 GB pair, or one loading its 10.7 GB bf16 form while the other
     holds it, would leave a 24 GB machine too little memory (the pair's own fit check refuses to load then). Every
     other test goes with its module, so a module's fixtures (a Streamlit server, SmolLM2) start once. The default
-    pair's group is handed out first and modules with long tests next, so that no long group starts last."""
+    pair's group is handed out first and modules with long tests next, so that no long group starts last. In the
+    default pair's group the first-start measurement goes first: on an empty cache its start is the suite's one build
+    of the pair (tests/test_models_half.py), where any other test first would build it and the measurement again."""
     if not config.getoption("loadgroup", default=False):
         return
     long_modules = {_module_of(item) for item in items if _is_long(item)}
 
-    def handed_out(item: pytest.Item) -> int:  # the default pair's group first, then modules with long tests
-        return 0 if _holds_default_pair(item) else (1 if _module_of(item) in long_modules else 2)
+    def handed_out(item: pytest.Item) -> tuple[int, int]:  # the default pair's group first, then modules with long tests
+        if _holds_default_pair(item):
+            return 0, 0 if item.get_closest_marker("first_start") else 1
+        return (1 if _module_of(item) in long_modules else 2), 0
 
     items.sort(key=handed_out)  # stable: each group keeps its tests' order
     for item in items:

@@ -550,6 +550,27 @@ def test_qwen_coder_loads(qwen_pair) -> None:
     assert logits(pair.draft, ids).shape == (1, len(ids), 151936)
 
 
+@pytest.mark.real
+def test_the_pairs_tokenizer_keeps_no_python_vocabulary_and_works_as_a_whole_one(qwen_pair, tmp_path: Path) -> None:
+    """The loaded pair's tokenizer lets go of the Python copies of its vocabulary and merges (90 MiB resident for
+    Qwen's) and still gives a fully loaded tokenizer's ids, text, vocabulary and saved files."""
+    from transformers import AutoTokenizer
+
+    whole = AutoTokenizer.from_pretrained(cache.cache_folder(catalogue.QWEN_15B, "fp16w"), local_files_only=True)
+    lean = qwen_pair.tokenizer
+    assert whole._vocab and whole._merges and lean._vocab is None and lean._merges is None  # what is dropped
+    text = ("<|im_start|>user\nÉcris «def fibonacci(n):» — 斐波那契 🙂 in\tPython\r\n  return a+b<|im_end|>\n"
+            "<|endoftext|>x = [1, 2, 3]  # 42")
+    ids = lean(text)["input_ids"]
+    assert ids == whole(text)["input_ids"] and len(ids) > 20
+    assert lean.decode(ids) == whole.decode(ids) == text
+    assert lean.get_vocab() == whole.get_vocab() and len(lean) == len(whole)
+    lean.save_pretrained(tmp_path / "lean")
+    whole.save_pretrained(tmp_path / "whole")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "lean" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
 # ----------------------------------------------------------------------------------------------
 # precision: explicit settings, the default chosen on the machine, what each costs
 # ----------------------------------------------------------------------------------------------

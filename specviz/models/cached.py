@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,10 +33,34 @@ def _return_freed_memory() -> None:
 
 
 def _load_cached_tokenizer(folder: Path) -> Any:
-    """The tokenizer saved beside the weights (building one from GGUF takes 6-18 s)."""
+    """The tokenizer saved beside the weights (building one from GGUF takes 6-18 s), without Python copies of its
+    vocabulary."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    _drop_python_vocabulary(tokenizer)
+    return tokenizer
+
+
+def _drop_python_vocabulary(tokenizer: Any) -> None:
+    """Let go of the vocabulary and merges a fast tokenizer's constructor keeps as Python objects once its Rust
+    tokenizer is built from them.
+
+    transformers' Qwen2Tokenizer (and the other BPE tokenizers of its TokenizersBackend) passes `_vocab` and `_merges`
+    to the Rust BPE model, which copies them, and never reads them again: for Qwen's 151,936 tokens and 151,387 merges
+    that is 47 MiB of Python objects, 90 MiB resident with the heap they hold (129 -> 39 MiB for the whole tokenizer,
+    measured on the Ice Lake Xeon, 2026-12-07), and the laptop promise counts every MiB. Tokens, decoding and
+    save_pretrained's files are the same without them (tests/test_models.py)."""
+    if getattr(tokenizer, "_tokenizer", None) is None:  # not a Rust-backed tokenizer: nothing was copied
+        return
+    dropped = False
+    for name in ("_vocab", "_merges"):
+        if getattr(tokenizer, name, None) is not None:
+            setattr(tokenizer, name, None)
+            dropped = True
+    if dropped:
+        gc.collect()
+        _return_freed_memory()
 
 
 def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32, half: bool = False) -> nn.Module:
