@@ -75,3 +75,26 @@ def test_the_drafts_output_layer_keeps_every_id_unless_told(monkeypatch):
     for value, want in (("head", "head"), (" HEAD ", "head"), ("full", "full"), ("nonsense", "full")):
         monkeypatch.setenv("SPECVIZ_DRAFT_VOCAB", value)
         assert draft_vocab() == want
+
+
+@pytest.mark.parametrize("zero_points", ["none", "some"])
+def test_a_caches_int8_parts_become_the_layer_the_dynamic_one_would_have_become(zero_points):
+    """int8w_from_parts (a cache's parts straight into rowgemm's form) gives the bits int8w_linears gives the dynamic
+    layer stream.int8_from_parts builds of the same parts: symmetric parts as they are, affine ones quantized per row."""
+    from specviz.models import stream
+
+    gen = torch.Generator().manual_seed(3)
+    ints = torch.randint(-127, 128, (40, 24), generator=gen, dtype=torch.int8)
+    scales = torch.rand(40, generator=gen, dtype=torch.float64) * 0.01 + 1e-4
+    zeros = torch.zeros(40, dtype=torch.int64) if zero_points == "none" else torch.randint(-3, 4, (40,), generator=gen)
+    bias = torch.randn(40, generator=gen)
+    direct = int8w.int8w_from_parts(ints, scales, zeros, bias, KERNEL)
+    dynamic = torch.nn.Sequential(stream.int8_from_parts(ints, scales, zeros, bias))
+    assert int8w.int8w_linears(dynamic, KERNEL) == 1
+    made = dynamic[0]
+    assert torch.equal(direct.panels, made.panels) and torch.equal(direct.scale, made.scale)
+    assert direct.scale.dtype == made.scale.dtype == torch.float32 and torch.equal(direct.bias, made.bias)
+    if zero_points == "none":
+        assert torch.equal(rowgemm.unpack(direct.panels, 40), ints)
+    x = torch.randn(3, 24, generator=gen)
+    assert torch.equal(direct(x), made(x))

@@ -551,6 +551,31 @@ def test_qwen_coder_loads(qwen_pair) -> None:
 
 
 @pytest.mark.real
+def test_the_qwen_drafts_int8_cache_loads_straight_into_the_layers_it_became_before(qwen_pair) -> None:
+    """The draft's int8 layers read straight into rowgemm's form (no fbgemm packing and unpacking at each load) are
+    the layers the packed ones became, bit for bit, on the real weights: every layer, and the draft's logits."""
+    from specviz.models import rowgemm
+
+    kernel = rowgemm.kernel()
+    if kernel is None:
+        pytest.skip("rowgemm cannot be built here (no C compiler)")
+    folder = cache.cache_folder(catalogue.QWEN_05B, "int8")  # the pair's load made it
+    before = cached._load_cached_model(folder, "draft")  # fbgemm's dynamic int8 layers, as loads were
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in before.modules())
+    int8w.int8w_linears(before, kernel)
+    now = cached._load_cached_model(folder, "draft", int8_kernel=kernel)
+    assert int8w.int8w_linears(now, kernel) == 24  # only the fp32 down projections were left to convert
+    layers = {n: m for n, m in before.named_modules() if isinstance(m, int8w.Int8WLinear)}
+    assert len(layers) == 169 and layers.keys() == {n for n, m in now.named_modules() if isinstance(m, int8w.Int8WLinear)}
+    for name, old in layers.items():
+        new = now.get_submodule(name)
+        assert torch.equal(old.panels, new.panels) and torch.equal(old.scale, new.scale), name
+        assert (old.bias is None) == (new.bias is None) and (old.bias is None or torch.equal(old.bias, new.bias)), name
+    ids = qwen_pair.tokenizer("def fibonacci(n):")["input_ids"]
+    assert torch.equal(logits(before, ids), logits(now, ids))
+
+
+@pytest.mark.real
 def test_the_pairs_tokenizer_keeps_no_python_vocabulary_and_works_as_a_whole_one(qwen_pair, tmp_path: Path) -> None:
     """The loaded pair's tokenizer lets go of the Python copies of its vocabulary and merges (90 MiB resident for
     Qwen's) and still gives a fully loaded tokenizer's ids, text, vocabulary and saved files."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specviz.models import rowgemm, stream
+from specviz.models import int8w, rowgemm, stream
 from specviz.models.half import empty_half_linears
 from specviz.models.base import PairError, _oom_as_pair_error
 
@@ -63,7 +63,8 @@ def _drop_python_vocabulary(tokenizer: Any) -> None:
         _return_freed_memory()
 
 
-def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32, half: bool = False) -> nn.Module:
+def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.float32, half: bool = False,
+                       int8_kernel: rowgemm.Kernel | None = None) -> nn.Module:
     """A causal LM in `dtype` from a local safetensors folder (no network, no remote code).
 
     The model is built empty and each tensor is read from the file with plain reads, cast, and put
@@ -72,7 +73,8 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
     copying out of the mapping held both: 14 GB at the peak for the fp32 1.5B target). With `half`,
     every linear is an fp16-weight HalfLinear filled as its weight is read (models.half) from an fp16
     or fp32 file: the fp32 matrices are never all in memory at once. Layers stored in int8 (an int8
-    draft's cache) come back as the same int8 layers. An fp32 model's input embedding is the one tensor
+    draft's cache) come back as the same int8 layers, or, with `int8_kernel`, straight as the rowgemm int8 layers
+    (models.int8w) a draft on that kernel becomes anyway. An fp32 model's input embedding is the one tensor
     that is mapped, not read: a step looks up one row of it, so only the rows used are ever in
     memory (Qwen 1.5B: 0.93 GB of embedding otherwise).
     """
@@ -97,7 +99,7 @@ def _load_cached_model(folder: Path, title: str, dtype: torch.dtype = torch.floa
         _rebuild_buffers(model, config)
         if missing - _not_in_file(model, config) or len(extras) != len(_INT8_PARTS) * len(int8_names):
             raise PairError(f"{title}: the cache lacks {sorted(missing)[:3]}; delete {folder} to rebuild it")
-        _fill_int8(model, slots, extras)
+        _fill_int8(model, slots, extras, int8_kernel)
         head = sinks.get("lm_head.weight")
         if head is not None and "lm_head.weight" in missing:  # a tied head: its own fp16 copy of the embedding
             head.load(model.get_input_embeddings().weight)
@@ -191,11 +193,15 @@ def _int8_slots(model: nn.Module, names: list[str]) -> dict[str, _Int8Slot]:
     return slots
 
 
-def _fill_int8(model: nn.Module, slots: dict[str, _Int8Slot], parts: dict[str, torch.Tensor]) -> None:
-    """Replace each slot by the dynamic int8 layer of its stored weight: the layer quantize_int8 made, bit for bit."""
+def _fill_int8(model: nn.Module, slots: dict[str, _Int8Slot], parts: dict[str, torch.Tensor],
+               kernel: rowgemm.Kernel | None = None) -> None:
+    """Replace each slot by the dynamic int8 layer of its stored weight (the layer quantize_int8 made, bit for bit),
+    or with `kernel` by the rowgemm int8 layer int8w_linears would make of it."""
     for name, slot in slots.items():
         bias = None if slot.bias is None else slot.bias.detach()
-        model.set_submodule(name, stream.int8_from_parts(*(parts[name + p] for p in _INT8_PARTS), bias))
+        stored = [parts.pop(name + p) for p in _INT8_PARTS]  # let go of each part once its layer holds it
+        layer = int8w.int8w_from_parts(*stored, bias, kernel) if kernel else stream.int8_from_parts(*stored, bias)
+        model.set_submodule(name, layer)
 
 
 def _is_int8(module: nn.Module) -> bool:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from specviz.models import cache  # cache.ensure_cached is looked up at each call (tests replace it)
+from specviz.models import cache, rowgemm  # cache.ensure_cached is looked up at each call (tests replace it)
 from specviz.models.base import LoadProgress, _span
 from specviz.models.cached import _load_cached_model, _load_cached_tokenizer
 from specviz.models.catalogue import GgufSource
@@ -28,6 +28,7 @@ def _load_gguf_pair(
     finish_draft: Callable[[nn.Module], nn.Module] = lambda m: m,
     target_form: Form = "fp32",
     draft_form: Form = "fp32",
+    draft_int8_kernel: rowgemm.Kernel | None = None,
 ) -> tuple[Any, nn.Module, nn.Module]:
     """Build the caches one model at a time (peak RAM: one dequantized model), then load both in their dtypes.
 
@@ -40,7 +41,8 @@ def _load_gguf_pair(
     target_dir = cache.ensure_cached(target_src, _span(report, 0.0, 0.6), target_form)
     draft_dir = cache.ensure_cached(draft_src, _span(report, 0.6, 0.85), draft_form)
     report(0.86, f"loading {draft_src.title} (draft) from the cache")
-    draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype))  # its own copy: safe to quantize
+    # its own copy: safe to quantize; with draft_int8_kernel, its int8 layers come straight in rowgemm's form
+    draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype, int8_kernel=draft_int8_kernel))
     report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
     target = _load_cached_model(target_dir, target_src.title, target_dtype, half=target_form == "fp16w")

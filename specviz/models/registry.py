@@ -196,10 +196,11 @@ def load_pair(
         raise PairError("fp16w (fp16 weights, fp32 arithmetic) needs torch's fbgemm fp16 kernels on a CPU, "
                         "and they are missing or not row-invariant here: use fp32")
 
+    draft_kernel = rowgemm.kernel() if choice.draft == "int8" and dev.type == "cpu" else None
+
     def finish_draft(model: nn.Module) -> nn.Module:
         model = _set_precision(model, choice.draft, "draft", report)
-        kernel = rowgemm.kernel() if choice.draft == "int8" and dev.type == "cpu" else None
-        if kernel is not None:
+        if draft_kernel is not None:
             # rowgemm wherever it is built (whichever kernel the target's fp16 weights run on): every linear in int8
             # weights with fp32 activations (the down projections too: no activation scale to lose). The output layer
             # keeps the whole vocabulary: over the head's 32,768 ids it read 107 MB less a step, but the draft then
@@ -208,7 +209,7 @@ def load_pair(
             # Where memory is tighter than speed, SPECVIZ_DRAFT_VOCAB=head keeps it over the head's ids (107 MB less)
             report(0.87, "storing the draft's weights in int8 for rowgemm")
             vocab = heads.vocabulary(spec.name, model.config.vocab_size) if draft_vocab() == "head" else None
-            int8w.int8w_linears(model, kernel, None if vocab is None else vocab.ids)
+            int8w.int8w_linears(model, draft_kernel, None if vocab is None else vocab.ids)
         elif choice.target == "fp16w" and choice.draft == "int8":
             # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
             # fp32 arithmetic still, so only the draft's guesses can change, never the output
@@ -224,6 +225,9 @@ def load_pair(
             tokenizer, target, draft = _load_gguf_pair(
                 *_PAIR_SOURCES[name], report, prec.DTYPES[choice.target], prec.DTYPES[choice.draft], finish_draft,
                 target_form=cache_form(choice.target), draft_form=cache_form(choice.draft),
+                # the cache's int8 layers straight into rowgemm's form (int8w_linears then converts what is left);
+                # not for the head's reduced output layer, which int8w_linears cuts from the whole one
+                draft_int8_kernel=draft_kernel if draft_vocab() != "head" else None,
             )
         else:
             tokenizer, target, draft = _load_hf_pair(*_parse_hf(name), report)
