@@ -140,7 +140,7 @@ def test_the_app_lock_installs_with_resolution_and_serves_the_app(tmp_path: Path
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     report = tmp_path / "report.json"
     t0 = time.perf_counter()
-    # --no-compile: pip would byte-compile all 3.3 GB (every model of transformers, all of torch: 46 of its 118 s on
+    # --no-compile: pip would byte-compile every module it installs (all of transformers and torch: 46 of its 118 s on
     # an Ice Lake Xeon); the app compiles what it imports at its first start, as the comment below says. What pip
     # resolves, installs and reports is the same either way, and that is what this test checks.
     done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-compile", "-r", str(ROOT / "requirements.txt"),
