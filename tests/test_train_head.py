@@ -9,6 +9,7 @@ import torch
 from specviz import models
 from specviz.cli import main
 from specviz.core.draft_vocab import most_frequent
+from specviz.core.files import sha256_file
 from specviz.core.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specviz.core.engine import autoregressive_generate, speculative_generate
 from specviz.core.head import EagleHead
@@ -37,7 +38,7 @@ def trained(tmp_path_factory):
 def test_the_command_writes_a_head_its_manifest_describes(trained, capsys):
     folder, pair = trained
     man = heads.manifest("tiny-random", folder)
-    assert man["sha256"] == heads.sha256(folder / "tiny-random.safetensors")
+    assert man["sha256"] == sha256_file(folder / "tiny-random.safetensors")
     assert man["target"] == heads.target_fingerprint(pair.target)
     assert man["recipe"]["train"]["steps"] == 40 and man["recipe"]["vocab"] == 192
     assert len(man["loss_every_10_steps"]) == 4 and man["counts"]["recorded_tokens"] > 2000
@@ -109,13 +110,13 @@ def test_the_same_recipe_makes_the_same_file(trained, tmp_path, monkeypatch):
     folder, _ = trained
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
     assert main(TINY_ARGS + ["--out", str(tmp_path / "heads")]) == 0
-    assert heads.sha256(tmp_path / "heads" / "tiny-random.safetensors") == heads.manifest("tiny-random", folder)["sha256"]
+    assert sha256_file(tmp_path / "heads" / "tiny-random.safetensors") == heads.manifest("tiny-random", folder)["sha256"]
 
 
 def test_the_tiny_pair_ships_a_checked_head():
     pair = models.load_pair("tiny-random")
     assert pair.head is not None and pair.head_problem == ""
-    assert heads.manifest("tiny-random")["sha256"] == heads.sha256(heads.paths("tiny-random")[0])
+    assert heads.manifest("tiny-random")["sha256"] == sha256_file(heads.paths("tiny-random")[0])
 
 
 def test_bad_arguments_are_one_line_errors(capsys):

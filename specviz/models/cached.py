@@ -53,12 +53,10 @@ def _drop_python_vocabulary(tokenizer: Any) -> None:
     save_pretrained's files are the same without them (tests/test_models.py)."""
     if getattr(tokenizer, "_tokenizer", None) is None:  # not a Rust-backed tokenizer: nothing was copied
         return
-    dropped = False
-    for name in ("_vocab", "_merges"):
-        if getattr(tokenizer, name, None) is not None:
-            setattr(tokenizer, name, None)
-            dropped = True
-    if dropped:
+    kept = [name for name in ("_vocab", "_merges") if getattr(tokenizer, name, None) is not None]
+    for name in kept:
+        setattr(tokenizer, name, None)
+    if kept:
         gc.collect()
         _return_freed_memory()
 

@@ -51,7 +51,6 @@ def has_head(pair_name: str, folder: Path | None = None) -> bool:
     return paths(pair_name, folder)[1].exists()
 
 
-sha256 = sha256_file  # a head file's sha256, as its manifest records it
 
 
 def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict[str, Any]:
@@ -65,7 +64,7 @@ def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict
         raise HeadError(f"{man_path} is a head manifest of format {man.get('format')!r}; this specviz reads format {FORMAT}")
     if not weights.exists():
         raise HeadError(f"the head file {weights} is missing (its manifest {man_path} is there)")
-    found = sha256(weights)
+    found = sha256_file(weights)
     if found != man["sha256"]:
         raise HeadError(f"the head file {weights} does not match its manifest (sha256 {found[:12]}…, expected "
                         f"{man['sha256'][:12]}…): it is damaged or was replaced; train it again or restore it")
@@ -101,7 +100,7 @@ def vocabulary(pair_name: str, vocab_size: int, folder: Path | None = None) -> A
 
     weights, _ = paths(pair_name, folder)
     man = manifest(pair_name, folder)
-    if man is None or not weights.exists() or sha256(weights) != man.get("sha256") or \
+    if man is None or not weights.exists() or sha256_file(weights) != man.get("sha256") or \
             man.get("target", {}).get("vocab_size") != vocab_size:
         return None
     with safe_open(str(weights), framework="pt") as fh:
@@ -138,7 +137,7 @@ def save(pair_name: str, head: Any, target: nn.Module, recipe: dict[str, Any], e
     tensors["vocab.ids"] = head.vocab.ids.to(torch.int32).contiguous()
     save_file(tensors, str(weights))  # safetensors writes a fixed order: the same tensors give the same bytes
     weights.chmod(0o644)  # a file the repository ships (safetensors creates it private)
-    man = {"format": FORMAT, "pair": pair_name, "file": weights.name, "sha256": sha256(weights),
+    man = {"format": FORMAT, "pair": pair_name, "file": weights.name, "sha256": sha256_file(weights),
            "bytes": weights.stat().st_size, "target": target_fingerprint(target), "recipe": recipe, **extra}
     man_path.write_text(json.dumps(man, indent=1) + "\n")
     return man

@@ -197,6 +197,7 @@ def load_pair(
                         "and they are missing or not row-invariant here: use fp32")
 
     draft_kernel = rowgemm.kernel() if choice.draft == "int8" and dev.type == "cpu" else None
+    head_vocab = draft_vocab() == "head"
 
     def finish_draft(model: nn.Module) -> nn.Module:
         model = _set_precision(model, choice.draft, "draft", report)
@@ -208,7 +209,7 @@ def load_pair(
             # on code and from 0.81 to 0.66 on the story (bench --quick, 2026-12-07, Ice Lake Xeon): slower runs.
             # Where memory is tighter than speed, SPECVIZ_DRAFT_VOCAB=head keeps it over the head's ids (107 MB less)
             report(0.87, "storing the draft's weights in int8 for rowgemm")
-            vocab = heads.vocabulary(spec.name, model.config.vocab_size) if draft_vocab() == "head" else None
+            vocab = heads.vocabulary(spec.name, model.config.vocab_size) if head_vocab else None
             int8w.int8w_linears(model, draft_kernel, None if vocab is None else vocab.ids)
         elif choice.target == "fp16w" and choice.draft == "int8":
             # the light set-up: the int8 draft's fp32 down projections (0.42 GB of the Qwen 0.5B) in fp16 weights too;
@@ -227,7 +228,7 @@ def load_pair(
                 target_form=cache_form(choice.target), draft_form=cache_form(choice.draft),
                 # the cache's int8 layers straight into rowgemm's form (int8w_linears then converts what is left);
                 # not for the head's reduced output layer, which int8w_linears cuts from the whole one
-                draft_int8_kernel=draft_kernel if draft_vocab() != "head" else None,
+                draft_int8_kernel=None if head_vocab else draft_kernel,
             )
         else:
             tokenizer, target, draft = _load_hf_pair(*_parse_hf(name), report)
