@@ -235,17 +235,20 @@ def test_the_builds_reader_parses_the_same_fields_and_tensors_as_ggufs_own() -> 
 def test_each_caller_of_the_shared_gguf_metadata_gets_a_copy_as_deep_as_deepcopys() -> None:
     """transformers' callers edit the metadata they are given, so each gets its own copy: equal to copy.deepcopy's, and
     no list or dict shared with another caller's (its lists of plain strings are copied whole, not string by string)."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
+    real = hf_gguf.load_gguf_checkpoint
     with locate._verified_gguf(catalogue.SMOLLM2_135M, lambda f, m: None) as path, stream.one_gguf_reader(path):
-        first, second = load_gguf_checkpoint(path), load_gguf_checkpoint(path)
+        assert hf_gguf.load_gguf_checkpoint is not real  # what transformers' callers reach while the build runs
+        first, second = hf_gguf.load_gguf_checkpoint(path), hf_gguf.load_gguf_checkpoint(path)
+        assert first == real(path, return_tensors=False)  # what transformers' own parse gives
     assert first == second == copy.deepcopy(first) and len(first["tokenizer"]["tokens"]) > 40_000
 
-    def containers(value, path=()):
+    def containers(value, at=()):
         if isinstance(value, (dict, list)):
-            yield path, id(value)
+            yield at, id(value)
             for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
-                yield from containers(item, (*path, key))
+                yield from containers(item, (*at, key))
 
     mine, theirs = dict(containers(first)), dict(containers(second))
     assert mine.keys() == theirs.keys() and not set(mine.values()) & set(theirs.values())
