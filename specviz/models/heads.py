@@ -51,8 +51,6 @@ def has_head(pair_name: str, folder: Path | None = None) -> bool:
     return paths(pair_name, folder)[1].exists()
 
 
-
-
 def check(pair_name: str, target: nn.Module, folder: Path | None = None) -> dict[str, Any]:
     """The manifest of a head that may be used on this target; a HeadError saying what is wrong otherwise."""
     weights, man_path = paths(pair_name, folder)
