@@ -96,9 +96,9 @@ def _fresh_copy(value: Any) -> Any:
 
     The tokenizer's lists hold 151,936 strings each (tokens, merges, types): deepcopy visits every one and took
     ~1.3 s a copy, three copies a build; plain values are immutable, so a shallow copy of such a list is as deep."""
-    if isinstance(value, dict):
+    if type(value) is dict:  # exactly dict and list: a subclass keeps its type through deepcopy below
         return {k: _fresh_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if type(value) is list:
         if all(type(v) in _ATOMS for v in value):
             return list(value)
         return [_fresh_copy(v) for v in value]
