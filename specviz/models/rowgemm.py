@@ -64,22 +64,22 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def build(folder: Path, isa: str = "native") -> Path | None:
+def build(folder: Path, isa: str = "native", source: Path = _SOURCE, extra: tuple[str, ...] = ()) -> Path | None:
     """The shared object for this source, compiler, ISA and CPU, compiled into `folder` if missing (None: no compiler,
-    or it failed)."""
+    or it failed). `source` and `extra` flags: another C kernel of the same kind (models.blocks builds blockgemm.c)."""
     cc = _compiler()
     if cc is None:
         return None
-    flags = (*_FLAGS, *ISAS[isa])
-    key = hashlib.sha256("\n".join([_SOURCE.read_text(), cc, *flags, _cpu_flags(), platform.machine()]).encode())
-    out = folder / f"rowgemm-{isa}-{key.hexdigest()[:16]}.so"
+    flags = (*_FLAGS, *extra, *ISAS[isa])
+    key = hashlib.sha256("\n".join([source.read_text(), cc, *flags, _cpu_flags(), platform.machine()]).encode())
+    out = folder / f"{source.stem}-{isa}-{key.hexdigest()[:16]}.so"
     if out.is_file():
         return out
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         part = Path(tmp) / out.name
         try:
-            done = subprocess.run([cc, *flags, "-o", str(part), str(_SOURCE)], capture_output=True, text=True, timeout=300)
+            done = subprocess.run([cc, *flags, "-o", str(part), str(source)], capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired):  # a compiler that cannot run here
             return None
         if done.returncode != 0 or not part.is_file():
@@ -137,7 +137,8 @@ def unpack(panels: torch.Tensor, n: int) -> torch.Tensor:
     return panels.transpose(1, 2).reshape(blocks * cols, k)[:n]
 
 
-def _folder() -> Path:
+def folder() -> Path:
+    """Where built kernels are kept: the cache's kernels/ folder."""
     from specviz.models.locate import cache_dir
 
     return cache_dir() / "kernels"
@@ -179,7 +180,7 @@ def kernel() -> Kernel | None:
     if os.environ.get(_ENV_OFF, "1").strip() == "0":
         return None
     try:
-        path = build(_folder())
+        path = build(folder())
         if path is None:
             return None
         kern = load(path)

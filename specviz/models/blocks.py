@@ -1,0 +1,235 @@
+"""gguf weights: a model's linears and embedding run on its GGUF file's own quantized blocks, through blockgemm.
+
+Why: a CPU step reads every weight once, so its time is the bytes it reads; the 1.5B target's Q4_K_M file holds
+1.1 GB where fp16 weights are 3.1 GB. blockgemm (models/blockgemm.c, our own) computes x @ W.T from the blocks as
+the file stores them, each activation row quantized alone and every block's dot product an exact integer, then
+the floats in one fixed order: a row's bits are the same alone or among any others, on every instruction-set path
+(see the C file). Built at first use like rowgemm, one shared object per path: the CPU's own ("native", what the
+app runs), and the fixed AVX2 and portable levels the tests build wherever they run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specviz.models import rowgemm
+
+_SOURCE = Path(__file__).with_name("blockgemm.c")
+_EXTRA = ("-ffp-contract=off",)  # the vector and scalar paths must round alike: no fused multiply-adds anywhere
+_ENV_OFF = "SPECVIZ_BLOCKGEMM"  # SPECVIZ_BLOCKGEMM=0: never build or use it (the gguf precision is then refused)
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's ids
+TYPE_NAMES = {v: k for k, v in TYPES.items()}
+
+
+@dataclass(frozen=True)
+class BlockKernel:
+    """The loaded kernel: its ctypes functions and the instruction-set path it was built for."""
+
+    lib: ctypes.CDLL
+    isa: str  # "avx512-vnni", "avx512", "avx2" or "portable"
+    path: str  # the shared object, for the record
+
+    def block_bytes(self, qtype: int) -> int:
+        return int(self.lib.blockgemm_block_bytes(qtype))
+
+    def block_size(self, qtype: int) -> int:
+        return int(self.lib.blockgemm_block_size(qtype))
+
+    def linear(self, qtype: int, blocks: torch.Tensor, k: int, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (M, K) fp32 contiguous -> (M, N) fp32 = x @ W.T + bias, W's N rows held as `blocks` (N, row bytes) uint8."""
+        m = x.shape[0]
+        n, row_bytes = blocks.shape
+        y = torch.empty((m, n), dtype=torch.float32)
+        code = self.lib.blockgemm_linear(qtype, blocks.data_ptr(), row_bytes, n, k, x.data_ptr(), m,
+                                         0 if bias is None else bias.data_ptr(), y.data_ptr(), n)
+        if code != 0:
+            raise ValueError(f"blockgemm cannot run a {TYPE_NAMES.get(qtype, qtype)} matrix of {n} rows of {k} "
+                             f"({row_bytes} bytes a row) on {m} rows")
+        return y
+
+    def rows(self, qtype: int, blocks: torch.Tensor, k: int, ids: torch.Tensor) -> torch.Tensor:
+        """The weights of rows `ids` as fp32 (len(ids), K), as gguf's dequantization gives them."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        n = blocks.shape[0]
+        if len(flat) and not (0 <= int(flat.min()) and int(flat.max()) < n):
+            raise IndexError(f"a row id is outside the matrix's {n} rows")
+        out = torch.empty((len(flat), k), dtype=torch.float32)
+        if self.lib.blockgemm_rows(qtype, blocks.data_ptr(), blocks.shape[1], k, flat.data_ptr(), len(flat), out.data_ptr()):
+            raise ValueError(f"blockgemm cannot read {TYPE_NAMES.get(qtype, qtype)} rows of {k}")
+        return out
+
+
+def load(path: Path) -> BlockKernel:
+    import torch  # noqa: F401  (already imported: its libgomp.so.1 is the one the kernel's NEEDED resolves to)
+
+    lib = ctypes.CDLL(str(path))
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.blockgemm_isa.restype = ctypes.c_char_p
+    lib.blockgemm_block_bytes.argtypes = lib.blockgemm_block_size.argtypes = [i32]
+    lib.blockgemm_block_bytes.restype = lib.blockgemm_block_size.restype = i32
+    lib.blockgemm_linear.argtypes = [i32, ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+    lib.blockgemm_linear.restype = i32
+    lib.blockgemm_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
+    lib.blockgemm_rows.restype = i32
+    return BlockKernel(lib, lib.blockgemm_isa().decode(), str(path))
+
+
+def build(isa: str = "native") -> Path | None:
+    """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
+    return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA)
+
+
+_SCALE_AT = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # fp16 fields of a block
+
+
+def random_blocks(kern: BlockKernel, qtype: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """(n, row bytes) uint8 blocks of `qtype`: random quants, sub-block scales and signs (every byte random), the
+    block's fp16 scales set to sane values (random bytes there could be inf or nan). For checks and tests."""
+    bb, bs = kern.block_bytes(qtype), kern.block_size(qtype)
+    raw = torch.randint(0, 256, (n, k // bs, bb), generator=gen, dtype=torch.uint8)
+    for at in _SCALE_AT[qtype]:
+        scale = (torch.rand(n, k // bs, generator=gen) * 0.002 + 1e-4).half()  # (n, blocks)
+        raw[:, :, at : at + 2] = scale.view(torch.uint8).reshape(n, k // bs, 2)
+    return raw.reshape(n, -1).contiguous()
+
+
+def checks_pass(kern: BlockKernel) -> bool:
+    """Each type once against the float reference (the blocks dequantized by the kernel itself, the activations
+    quantized as it does), and each row's bits alone vs among others: checked once per process before any model."""
+    gen = torch.Generator().manual_seed(0)
+    for name in ("Q4_K", "Q6_K", "Q8_0", "Q4_0"):
+        qtype = TYPES[name]
+        bs = kern.block_size(qtype)
+        n, k = 37, 2 * max(bs, 256)
+        blocks = random_blocks(kern, qtype, n, k, gen)
+        x = torch.randn(11, k, generator=gen)
+        out = kern.linear(qtype, blocks, k, x, None)
+        weight = kern.rows(qtype, blocks, k, torch.arange(n))
+        if not within_quantized_bound(out, x, weight, bs):
+            return False
+        alone = torch.cat([kern.linear(qtype, blocks, k, x[i : i + 1].contiguous(), None) for i in range(len(x))])
+        if not (torch.equal(alone, out) and torch.equal(kern.linear(qtype, blocks, k, x[3:9].contiguous(), None), out[3:9])):
+            return False
+    return True
+
+
+def quantize_activations(x: torch.Tensor, bs: int) -> torch.Tensor:
+    """The activations as the kernel sees them (each block of `bs` values int8 times its scale), in float64."""
+    rows, k = x.shape
+    xb = x.float().reshape(rows, k // bs, bs)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv).clamp(-127, 127)
+    return (q.double() * (amax / 127.0).double()).reshape(rows, k)
+
+
+def within_quantized_bound(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bs: int) -> bool:
+    """Whether `out` is (quantized x) @ weight.T up to an fp32 sum's rounding: the kernel's arithmetic, checked from
+    outside (integer sums are exact; each block's float term and the pairwise total round a few times)."""
+    xq = quantize_activations(x, bs)
+    w64 = weight.double()
+    exact = xq @ w64.T
+    size = xq.abs() @ w64.abs().T
+    return bool(((out.double() - exact).abs() <= 1e-5 * size + 1e-30).all())
+
+
+@functools.lru_cache(maxsize=4)
+def kernel(isa: str = "native") -> BlockKernel | None:
+    """The kernel of this path built for this machine, loaded and checked once per process; None where it cannot be
+    had here (no compiler, a failed build or check, SPECVIZ_BLOCKGEMM=0)."""
+    if os.environ.get(_ENV_OFF, "1").strip() == "0":
+        return None
+    try:
+        path = build(isa)
+        if path is None:
+            return None
+        kern = load(path)
+        with torch.no_grad():
+            return kern if checks_pass(kern) else None
+    except (OSError, AttributeError):  # a library that does not load here, or lacks the kernel's functions
+        return None
+
+
+class BlockLinear(nn.Module):
+    """An nn.Linear whose weight is a GGUF tensor's quantized blocks (N, row bytes), read in place; input, bias and
+    output fp32. `rows(ids)` gives some rows of the weight as fp32 (a head's share of an output layer)."""
+
+    dtype = torch.float32
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None,
+                 kernel: BlockKernel) -> None:
+        super().__init__()
+        self.out_features, self.in_features = int(blocks.shape[0]), int(in_features)
+        self.qtype, self.kernel = int(qtype), kernel
+        self.blocks = blocks  # (N, row bytes) uint8: the file's own bytes (a mapped view, or a copy where permuted)
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        y = self.kernel.linear(self.qtype, self.blocks, self.in_features, rows, self.bias)  # (M, N)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernel.rows(self.qtype, self.blocks, self.in_features, ids)
+
+    def nbytes(self) -> int:
+        return self.blocks.numel() + (0 if self.bias is None else 4 * self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{TYPE_NAMES.get(self.qtype, self.qtype)} blocks (blockgemm {self.kernel.isa})")
+
+
+class BlockEmbedding(nn.Module):
+    """An nn.Embedding held as a GGUF tensor's quantized blocks: each looked-up row is dequantized when asked for."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, dim: int, kernel: BlockKernel) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = int(blocks.shape[0]), int(dim)
+        self.qtype, self.kernel, self.blocks = int(qtype), kernel, blocks
+        self.padding_idx = None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows(ids).reshape(*ids.shape, self.embedding_dim)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernel.rows(self.qtype, self.blocks, self.embedding_dim, ids)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The whole matrix in fp32 (for the rare reader of all of it: 0.9 GB for the Qwen 1.5B's)."""
+        return self.rows(torch.arange(self.num_embeddings))
+
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {TYPE_NAMES.get(self.qtype, self.qtype)} blocks"
+
+
+def block_bytes(model: nn.Module) -> int:
+    """Bytes of a model's quantized blocks (each tensor once, an output layer tied to the embedding too)."""
+    seen: set[int] = set()
+    total = 0
+    for m in model.modules():
+        if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() not in seen:
+            seen.add(m.blocks.data_ptr())
+            total += m.nbytes()
+    return total
+
+
+def blocks_from_numpy(data: np.ndarray) -> torch.Tensor:
+    """A GGUF reader's (N, row bytes) uint8 array as a tensor over the same memory (the file's mapping)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only mapping: nothing here ever writes to it
+        return torch.from_numpy(data)
