@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from specviz.core import lean, profile
+from specviz.core.attend import attend
 
 ATTENTION = "specviz_packed"  # the attention implementation every model here runs with (plain sdpa outside packed passes)
 _PER_RUN = torch.zeros(1, 1, 1, 1)  # a 4-D mask is taken as given by every model family; the real, per-run masks travel with the feeds
@@ -92,7 +93,7 @@ def _packed_attention(module: torch.nn.Module, query: torch.Tensor, key: Any, va
     if runs is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     outs = [
-        sdpa_attention_forward(module, query[:, :, a:b], k, v, f.mask, **kwargs)[0]  # (1, n_i, heads, d)
+        attend(module, query[:, :, a:b], k, v, f.mask, **kwargs)  # (1, n_i, heads, d)
         for (a, b), k, v, f in zip(runs.spans, key, value, runs.feeds)
     ]
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None

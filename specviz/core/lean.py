@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specviz.core import profile
+from specviz.core.attend import attend
 
 _FAMILIES = ("qwen2", "llama")  # decoder layers of the same shape: RMSNorm, rotary q/k, GQA attention, SiLU-gated MLP
 
@@ -87,8 +87,8 @@ def _attention(attn: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: t
     for (a, b), feed in zip(spans, feeds):
         keys, values = feed.cache.update(k[:, :, a:b], v[:, :, a:b], layer_idx)
         laps("kv cache")
-        outs.append(sdpa_attention_forward(attn, q[:, :, a:b], keys, values, feed.mask, dropout=0.0,
-                                           scaling=attn.scaling, sliding_window=getattr(attn, "sliding_window", None))[0])
+        outs.append(attend(attn, q[:, :, a:b], keys, values, feed.mask, dropout=0.0,
+                           scaling=attn.scaling, sliding_window=getattr(attn, "sliding_window", None)))
         laps("attention")
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (1, N, heads, head_dim)
     out = out.reshape(*h.shape[:-1], -1).contiguous()

@@ -16,10 +16,11 @@ SAMPLES_RANGE = (100, 5000)  # the Same answer lab: draws per method (fewer cann
 SAMPLE_TOKENS_RANGE = (1, 3)  # the Same answer lab: how many next tokens one sample is made of
 REPEATS_RANGE = (1, 15)  # the Why checking is cheap lab: timed passes per point (median reported)
 MODES = ("greedy", "sample")  # argmax, or a draw from the tempered distribution
-Precision = Literal["fp32", "fp16w", "bf16", "int8"]  # how a model's weights are held (specviz.models.precision loads them)
+Precision = Literal["gguf", "fp32", "fp16w", "bf16", "int8"]  # how a model's weights are held (specviz.models.precision loads them)
 # fp16w: fp16 weights in the linears, fp32 arithmetic everywhere (models.half; CPUs with fbgemm only)
-TARGET_PRECISIONS: tuple[Precision, ...] = ("fp32", "fp16w", "bf16", "int8")
-DRAFT_PRECISIONS: tuple[Precision, ...] = ("int8", "bf16", "fp32")
+# gguf: the linears and embedding on the GGUF file's own quantized blocks (models.blocks; GGUF pairs on a CPU)
+TARGET_PRECISIONS: tuple[Precision, ...] = ("gguf", "fp32", "fp16w", "bf16", "int8")
+DRAFT_PRECISIONS: tuple[Precision, ...] = ("gguf", "int8", "bf16", "fp32")
 
 
 def check_within(what: str, value: float, lo: float, hi: float) -> None:

@@ -57,7 +57,7 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
             return final
         _remove_leftovers(final.name)
         legacy = cache_folder(src, "fp32")
-        if form != "fp32" and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
+        if form not in ("fp32", "gguf") and _cache_is_valid(legacy, src, "fp32", legacy_only=True):
             _migrate(legacy, src, form, final, report)
             return final
         with _verified_gguf(src, _span(report, 0.0, 0.2)) as gguf_path:
@@ -67,12 +67,55 @@ def ensure_cached(src: GgufSource, progress: LoadProgress | None = None, form: F
 
 def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
     """Stream a verified GGUF into the cache folder `final` (the child process's whole job)."""
+    if form == "gguf":
+        _build_gguf_form(src, final, gguf_path, report)
+        return
     with _oom_as_pair_error(src.title), stream.one_gguf_reader(gguf_path):
         report(0.0, f"{src.title}: reading the tokenizer from GGUF")
         tokenizer = _gguf_tokenizer(gguf_path)
         config = stream.gguf_config(gguf_path)
         count, tensors = stream.gguf_tensors(gguf_path, config)
         _write_cache(tensors, count, config, tokenizer, src, form, final, _span(report, 0.06, 1.0))
+
+
+def _build_gguf_form(src: GgufSource, final: Path, gguf_path: Path, report: LoadProgress) -> None:
+    """The gguf form: the verified file itself (moved in where it was joined in the cache, else linked or copied),
+    its config, tokenizer and tensor table; nothing is dequantized."""
+    from transformers import GenerationConfig
+
+    from specviz.models import gguf_model
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
+    os.chmod(tmp, 0o755)
+    try:
+        with _oom_as_pair_error(src.title):
+            report(0.0, f"{src.title}: reading the tokenizer from GGUF")
+            tokenizer = _gguf_tokenizer(gguf_path)
+            report(0.5, f"{src.title}: reading the model's settings and tensor table")
+            config = stream.gguf_config(gguf_path)
+            gguf_model.write_table(gguf_path, tmp / gguf_model.TABLE)
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _place_file(gguf_path, tmp / gguf_model.GGUF_FILE)
+        _write_manifest(tmp, src, "gguf", 0)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        report(1.0, f"{src.title}: cached as its GGUF file ({_folder_gb(final):.2f} GB)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _place_file(path: Path, dest: Path) -> None:
+    """A joined file in the cache is moved (it would be deleted after the build); a packaged one is linked or copied."""
+    if path.resolve().is_relative_to(cache_dir().resolve()):
+        os.replace(path, dest)
+        return
+    try:
+        os.link(path, dest)
+    except OSError:  # another file system, or links not allowed
+        shutil.copyfile(path, dest)
 
 
 def _build_in_child(src: GgufSource, form: Form, final: Path, gguf_path: Path, report: LoadProgress) -> None:
@@ -166,7 +209,7 @@ def _cache_is_valid(folder: Path, src: GgufSource, form: Form = "fp32", legacy_o
         return False
     files = manifest.get("files") or {}
     # shards come with their index (transformers reads the folder through it); one file of older specviz needs none
-    indexed = "model.safetensors" in files or "model.safetensors.index.json" in files
+    indexed = "model.safetensors" in files or "model.safetensors.index.json" in files or "model.gguf" in files
     return bool(files) and indexed and all(_size(folder / f) == n for f, n in files.items())
 
 

@@ -32,10 +32,10 @@ from specviz.models import half
 from specviz.models.base import PairError, _first_line, pack_threads
 from specviz.models.packed import PackedLinear, layers_of, plain_linear
 
-BIT_EXACT: frozenset[str] = frozenset({"fp32", "fp16w"})  # target precisions whose greedy output keeps the promise here
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16w": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
+BIT_EXACT: frozenset[str] = frozenset({"gguf", "fp32", "fp16w"})  # target precisions whose greedy output keeps the promise here
+DTYPES: dict[str, torch.dtype] = {"gguf": torch.float32, "fp32": torch.float32, "fp16w": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 # bytes per weight: int8 and fp16w change nn.Linear only; the embedding stays fp32 (see weight_bytes)
-_BYTES = {"fp32": 4.0, "fp16w": 2.0, "bf16": 2.0, "int8": 1.0}
+_BYTES = {"gguf": 0.6, "fp32": 4.0, "fp16w": 2.0, "bf16": 2.0, "int8": 1.0}
 _CLEAR_WIN = 0.8  # bf16 must beat the alternative by this factor: one noisy probe on a shared CPU must not flip the choice
 # and fp32 must beat fp16w by it to be the default target: on a 2-core AMX Xeon one row took 0.9-1.4 ms either way and
 # the order flipped between processes, and a class server that drew fp32 held 7.4 GB and served 30 pupils 5x slower

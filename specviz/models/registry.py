@@ -15,7 +15,7 @@ from torch import nn
 
 from specviz import host
 from specviz.core.limits import TARGET_PRECISIONS
-from specviz.models import half, heads, int8w, packed, rowgemm
+from specviz.models import blocks, half, heads, int8w, packed, rowgemm
 from specviz.models import precision as prec
 from specviz.models.base import LoadProgress, PairError, _no_progress
 from specviz.models.cached import _return_freed_memory
@@ -237,6 +237,8 @@ def load_pair(
         target = _set_precision(target, choice.target, "target", report)
         target, draft = _to_device(target, dev), _to_device(draft, dev)
         kernels = ""
+        if choice.target == "gguf":
+            kernels = f"blockgemm {blocks.kernel().isa}: the linears on the GGUF file's own blocks"  # loaded: it exists
         if choice.target == "fp16w":
             report(0.97, "checking the fp16-weight layers give each row the same bits at any pass size")
             if not half.rows_agree(target):
@@ -245,9 +247,9 @@ def load_pair(
             kernels = half.describe(sum(isinstance(m, half.HalfLinear) for m in target.modules()))
         if dev.type == "cpu":
             report(0.97, "packing the weights for fast verify passes")
-            if choice.target != "fp16w":
+            if choice.target not in ("fp16w", "gguf"):
                 kernels = packed.describe(packed.pack_linears(target))
-            if choice.draft != "int8":
+            if choice.draft not in ("int8", "gguf"):
                 # not an int8 draft's fp32 down projections: its activation scales turn their last-bit
                 # changes into logit changes of several units (SmolLM2: Σmin(p, q) 0.75 -> 0.69)
                 packed.pack_linears(draft)
@@ -296,6 +298,8 @@ def choose_precisions(
     target = target or ref_precision
     if device == "cuda" and target in ("int8", "fp16w"):
         raise PairError(f"{target} runs on CPU only (torch's fbgemm kernels): use fp32 or bf16 on CUDA")
+    if "gguf" in (target, draft) and (device != "cpu" or name not in _PAIR_SOURCES):
+        raise PairError("gguf runs a named GGUF pair's own file on a CPU (blockgemm): choose fp16w or fp32 here")
     if device == "cuda" and draft == "int8":
         draft = None  # as before: a CUDA draft gets the device's own choice (half precision)
     t_params, t_embed, d_params, d_embed = _PARAMS.get(name, (0, 0, 0, 0))
@@ -349,6 +353,8 @@ def _resolve_device(device: str | None) -> torch.device:
 
 def _set_precision(model: nn.Module, precision: str, role: str, report: LoadProgress) -> nn.Module:
     """Bring a freshly loaded model (its own copy) to its precision; a no-op where it was loaded so."""
+    if precision == "gguf":  # loaded on its file's blocks (models.gguf_model): nothing to convert
+        return model
     if precision == "int8":
         if prec.int8_linears(model):  # none left where the int8 cache was loaded: its layers arrive quantized
             report(0.96, f"quantizing the {role} to int8 (per channel)")
@@ -391,7 +397,8 @@ def model_bytes(model: nn.Module) -> int:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
-    return total + packed.packed_bytes(model) + half.half_bytes(model) + _int8_bytes(model) + int8w.int8w_bytes(model)
+    return (total + packed.packed_bytes(model) + half.half_bytes(model) + _int8_bytes(model) + int8w.int8w_bytes(model)
+            + blocks.block_bytes(model))
 
 
 def kernel_of(model: nn.Module) -> str:
@@ -401,6 +408,8 @@ def kernel_of(model: nn.Module) -> str:
     for m in model.modules():
         if isinstance(m, half.HalfLinear):
             kinds[f"rowgemm {m.kernel.isa}, fp16 weights" if m.panels is not None else "fbgemm, fp16 weights"] += 1
+        elif isinstance(m, blocks.BlockLinear):
+            kinds[f"blockgemm {m.kernel.isa}, {blocks.TYPE_NAMES.get(m.qtype, m.qtype)} blocks"] += 1
         elif isinstance(m, int8w.Int8WLinear):
             kinds[f"rowgemm {m.kernel.isa}, int8 weights"] += 1
         elif isinstance(m, packed.PackedLinear):

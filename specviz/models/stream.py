@@ -24,7 +24,7 @@ from specviz.models.precision import int8_linears
 #   fp32:  every tensor in fp32 (fp32, bf16 and int8 targets, and drafts in fp32 or bf16, start from it)
 #   fp16w: the linears' weights in fp16 (what models.half packs: the same values), the rest fp32 (an fp16w target)
 #   int8:  the int8 layers' per-channel int8 weights with their scales and zero points, the rest fp32 (an int8 draft)
-Form = Literal["fp32", "fp16w", "int8"]
+Form = Literal["fp32", "fp16w", "int8", "gguf"]
 Tensors = Iterator[tuple[str, torch.Tensor]]  # (Hugging Face name, fp32 tensor), one at a time
 INT8_PARTS = (".weight.int8", ".weight.scales", ".weight.zero_points")  # names of one int8 layer's weight in a cache file
 DEQUANT_VALUES = 1 << 22  # values dequantized in one call (16 MB of fp32 output)

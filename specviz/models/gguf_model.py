@@ -1,0 +1,122 @@
+"""A transformers model whose linears and embedding run on its GGUF file's own blocks (models.blocks), from the gguf cache form.
+
+The form is a folder: the verified GGUF file itself, its config and tokenizer as transformers saves them, and a
+table of its tensors (name, type, shape, where its bytes are). A load maps the file and builds the model around
+views of it: nothing is dequantized or copied, so a load takes seconds and holds only the pages a pass touches.
+The table spares each load gguf's reader, which parses the whole vocabulary (7 s for the Qwen files).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specviz.core import attend
+from specviz.models import blocks
+from specviz.models.base import PairError
+
+GGUF_FILE = "model.gguf"
+TABLE = "tensors.json"
+_FLOAT = {0: np.float32, 1: np.float16}  # ggml's F32 and F16: norms, biases (and plain linears of some files)
+
+
+def tensor_table(path: Path) -> dict[str, Any]:
+    """The file's tensors as {name: {type, shape (rows first, as torch), offset, nbytes}} and its architecture."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    table = {t.name: {"type": int(t.tensor_type), "shape": [int(n) for n in reversed(t.shape.tolist())],
+                      "offset": int(t.data_offset), "nbytes": int(t.n_bytes)} for t in reader.tensors}
+    return {"architecture": arch, "tensors": table}
+
+
+def write_table(path: Path, out: Path) -> None:
+    out.write_text(json.dumps(tensor_table(path)))
+
+
+def load_model(folder: Path, title: str, kernel: blocks.BlockKernel) -> nn.Module:
+    """The model of a gguf cache folder, eval mode, its quantized tensors views of the mapped file."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    from specviz.models.cached import _rebuild_buffers
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    info = json.loads((folder / TABLE).read_text())
+    mapped = np.memmap(folder / GGUF_FILE, dtype=np.uint8, mode="r")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    processor = TENSOR_PROCESSORS.get(info["architecture"], TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(model, processor)
+    quantized: dict[str, tuple[torch.Tensor, int, int]] = {}  # module name -> (blocks, type, in_features)
+    plain: dict[str, torch.Tensor] = {}  # parameter name -> fp32 tensor
+    for name, entry in info["tensors"].items():
+        data = mapped[entry["offset"] : entry["offset"] + entry["nbytes"]]
+        qtype, shape = entry["type"], entry["shape"]
+        if qtype in _FLOAT:
+            data = data.view(_FLOAT[qtype]).reshape(shape)
+        elif qtype in blocks.TYPE_NAMES:
+            data = data.reshape(shape[0], -1)  # (rows, bytes a row): rows of whole blocks
+        else:
+            raise PairError(f"{title}: tensor {name} is of a GGUF type blockgemm does not read ({qtype})")
+        # the architecture's own reordering (Llama's q/k rows), on the rows as stored
+        result = processor.process(weights=data, name=name, tensor_key_mapping=names, parsed_parameters={})
+        target = names.get(result.name)
+        if target is None:
+            continue
+        if qtype in _FLOAT:
+            plain[target] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
+        else:
+            quantized[target.removesuffix(".weight")] = (blocks.blocks_from_numpy(np.ascontiguousarray(result.weights)),
+                                                        qtype, shape[1])
+    _place(model, quantized, plain, kernel, config, title)
+    _rebuild_buffers(model, config)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise PairError(f"{title}: the GGUF file lacks {len(left)} tensors the model needs (first: {left[0]})")
+    attend.mark(model)  # its activations are quantized: each attention row alone, as a one-token step (core.attend)
+    model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
+    return model.eval()
+
+
+def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]], plain: dict[str, torch.Tensor],
+           kernel: blocks.BlockKernel, config: Any, title: str) -> None:
+    """Put each tensor where it goes: quantized linears and embeddings as block modules, the rest as parameters."""
+    modules = dict(model.named_modules())
+    embedding = model.get_input_embeddings()
+    head_name = next(n for n, m in modules.items() if m is model.get_output_embeddings())
+    for name, (data, qtype, k) in quantized.items():
+        module = modules.get(name)
+        if module is embedding:
+            _set_module(model, name, blocks.BlockEmbedding(data, qtype, k, kernel))
+        elif isinstance(module, nn.Linear):
+            bias = plain.pop(f"{name}.bias", None)
+            _set_module(model, name, blocks.BlockLinear(data, qtype, k, bias, kernel))
+        else:
+            raise PairError(f"{title}: a quantized tensor for {name}, which is no linear or embedding")
+    if head_name not in quantized:  # tied to the embedding (or the file stores none): the embedding's own blocks
+        emb = model.get_input_embeddings()
+        if not isinstance(emb, blocks.BlockEmbedding):
+            raise PairError(f"{title}: no output layer in the file, and an embedding that is not quantized")
+        _set_module(model, head_name, blocks.BlockLinear(emb.blocks, emb.qtype, emb.embedding_dim, None, kernel))
+    for name, tensor in plain.items():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if isinstance(module, nn.Linear) and attr == "weight":  # a linear the file keeps in floats
+            module.weight = nn.Parameter(tensor, requires_grad=False)
+        else:
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
+    for name, module in list(model.named_modules()):  # float linears still without a bias tensor: none in the file
+        if isinstance(module, nn.Linear) and module.bias is not None and module.bias.is_meta:
+            module.bias = None
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    owner, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(owner) if owner else model, attr, module)

@@ -1,0 +1,130 @@
+"""blockgemm, the kernel on a GGUF's own blocks: gguf's values, each row the same bits in any mix, the same bits on every path."""
+
+import numpy as np
+import pytest
+import torch
+
+from specviz.models import blocks
+
+KERNEL = blocks.kernel()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="blockgemm cannot be built here (no C compiler)")
+
+
+def _cpu_has(*flags: str) -> bool:
+    try:
+        found = open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+    return all(f in found for f in flags)
+
+
+# every path the source has, each built with its own flags: this CPU's own (AVX-512 with VNNI where it has them), the
+# x86-64-v3 level (AVX2: the AVX2-only EPYCs'), and plain C (any other CPU); each is built and run wherever the suite runs
+ISAS = ["native", pytest.param("avx2", marks=pytest.mark.skipif(not _cpu_has("avx2", "fma", "f16c"), reason="no AVX2")),
+        "portable"]
+TYPES = list(blocks.TYPES)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = {}
+    for isa in ("native", "avx2", "portable"):
+        if isa == "avx2" and not _cpu_has("avx2", "fma", "f16c"):
+            continue
+        path = blocks.build(isa)
+        assert path is not None, f"the {isa} path did not build"
+        built[isa] = blocks.load(path)
+    return built
+
+
+def _case(kern, name: str, n: int, gen: torch.Generator):
+    qtype = blocks.TYPES[name]
+    bs = kern.block_size(qtype)
+    k = bs * 5 if bs == 256 else 32 * 29  # 5 super-blocks (not a multiple of the 8 lanes' groups), or 29 blocks
+    return qtype, bs, k, blocks.random_blocks(kern, qtype, n, k, gen)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_rows_are_ggufs_own_dequantization_bit_for_bit(kernels, name):
+    import gguf
+
+    kern = kernels["native"]
+    qtype, bs, k, data = _case(kern, name, 23, torch.Generator().manual_seed(3))
+    ref = gguf.quants.dequantize(data.numpy(), gguf.GGMLQuantizationType(qtype)).reshape(23, k)
+    ids = torch.tensor([5, 0, 22, 5])
+    assert torch.equal(kern.rows(qtype, data, k, ids), torch.from_numpy(ref)[ids])
+    with pytest.raises(IndexError):
+        kern.rows(qtype, data, k, torch.tensor([23]))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", TYPES)
+def test_each_path_is_the_quantized_product_and_gives_a_row_the_same_bits_in_any_mix(kernels, isa, name):
+    if isa not in kernels:
+        pytest.skip("no such path on this CPU")
+    kern = kernels[isa]
+    if isa == "portable":
+        assert kern.isa == "portable"
+    gen = torch.Generator().manual_seed(1)
+    qtype, bs, k, data = _case(kern, name, 45, gen)
+    weight = kern.rows(qtype, data, k, torch.arange(45))
+    bias = torch.randn(45, generator=gen)
+    x = torch.randn(40, k, generator=gen)
+    out = kern.linear(qtype, data, k, x, bias)
+    assert blocks.within_quantized_bound(out - bias, x, weight, bs)
+    slip = out.clone()
+    slip[7, 10] += 0.01 * float(out[7].abs().mean())  # one output off by 1 % of its row's size: the bound sees it
+    assert not blocks.within_quantized_bound(slip - bias, x, weight, bs)
+    alone = torch.cat([kern.linear(qtype, data, k, x[i : i + 1].contiguous(), bias) for i in range(len(x))])
+    assert torch.equal(out, alone)
+    for trial in range(12):  # random mixes: any subset of rows, in any order, any count
+        rows = torch.randperm(len(x), generator=gen)[: int(torch.randint(1, len(x) + 1, (1,), generator=gen))]
+        assert torch.equal(kern.linear(qtype, data, k, x[rows].contiguous(), bias), out[rows])
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_every_path_gives_the_same_bits(kernels, name):
+    """Integer block sums in fixed lanes, then one float order: the vector paths are the plain C, bit for bit."""
+    gen = torch.Generator().manual_seed(2)
+    qtype, bs, k, data = _case(kernels["portable"], name, 37, gen)
+    x = torch.randn(9, k, generator=gen)
+    outs = {isa: kern.linear(qtype, data, k, x, None) for isa, kern in kernels.items()}
+    assert all(torch.equal(outs["portable"], out) for out in outs.values()), {i: k.isa for i, k in kernels.items()}
+
+
+def test_a_shape_it_cannot_run_is_refused_not_guessed():
+    qtype = blocks.TYPES["Q4_K"]
+    data = blocks.random_blocks(KERNEL, qtype, 4, 512, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="cannot run"):
+        KERNEL.linear(qtype, data, 500, torch.randn(2, 500), None)  # K not a multiple of the 256-block
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_real_tensors_of_the_default_pair_files(which):
+    """Every type in the default pair's two files, on real rows: gguf's values, the quantized product, any row mix."""
+    import gguf
+
+    from specviz.models.catalogue import QWEN_05B, QWEN_15B
+    from specviz.models.locate import _verified_gguf
+
+    src = QWEN_15B if which == "target" else QWEN_05B
+    with _verified_gguf(src, lambda f, m: None) as path:
+        reader = gguf.GGUFReader(str(path))
+        seen = {}
+        for t in reader.tensors:  # the first weight of each quantized type (a layer's, or the output layer's)
+            if t.tensor_type.name in blocks.TYPES and t.tensor_type.name not in seen and t.name != "token_embd.weight":
+                seen[t.tensor_type.name] = t
+        assert seen, "no quantized tensor found"
+        gen = torch.Generator().manual_seed(0)
+        for name, t in seen.items():
+            rows = np.array(t.data[:300])  # (300, bytes a row): 300 output rows of the real matrix
+            data = torch.from_numpy(rows)
+            k = int(t.shape[0])
+            ref = torch.from_numpy(gguf.quants.dequantize(rows, t.tensor_type).reshape(300, k))
+            assert torch.equal(KERNEL.rows(int(t.tensor_type), data, k, torch.arange(300)), ref), name
+            x = torch.randn(16, k, generator=gen)
+            out = KERNEL.linear(int(t.tensor_type), data, k, x, None)
+            assert blocks.within_quantized_bound(out, x, ref, KERNEL.block_size(int(t.tensor_type))), name
+            for size in (1, 5, 16):
+                assert torch.equal(KERNEL.linear(int(t.tensor_type), data, k, x[:size].contiguous(), None), out[:size]), name

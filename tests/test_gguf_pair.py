@@ -1,0 +1,66 @@
+"""The default pair at its file's precision (gguf: blockgemm on the GGUF's own blocks): every kind of run gives the target's own greedy tokens."""
+
+import pytest
+
+from specviz.core.trace import GenerationConfig
+from specviz.core.sampling import SamplingConfig
+from specviz.models import blocks
+
+PROMPTS = {"code": "def fibonacci(n):", "story": "Once upon a time, in a small village by the sea,"}
+NEW_TOKENS = 40
+KINDS = ("model", "tree", "eagle", "hybrid")  # chain, tree, head and hybrid rounds
+
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.default_pair,
+              pytest.mark.skipif(blocks.kernel() is None, reason="blockgemm cannot be built here (no C compiler)")]
+
+
+@pytest.fixture(scope="module")
+def gguf_pair():
+    from specviz.models import load_pair
+
+    return load_pair("qwen-coder", target_precision="gguf", draft_precision="gguf")
+
+
+@pytest.fixture(scope="module")
+def gguf_runs(gguf_pair):
+    """The target alone and each kind of helper on both prompts, through the batched executor together (as a class's
+    runs share their passes): what shares a pass must not change a run's tokens either."""
+    from specviz.core.engine import autoregressive_program, speculative_program
+    from specviz.models.drafting import resolve
+    from specviz.serve.batch import run_together
+
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, gamma=4, sampling=SamplingConfig("greedy"), stop_at_eos=False)
+    keys, programs = [], []
+    for name, text in PROMPTS.items():
+        ids = gguf_pair.tokenizer(text)["input_ids"]
+        keys.append((name, "alone"))
+        programs.append(autoregressive_program(gguf_pair.target, gguf_pair.tokenizer, ids, config))
+        for kind in KINDS:
+            if kind == "eagle" and gguf_pair.head is None:
+                continue
+            keys.append((name, kind))
+            programs.append(speculative_program(gguf_pair.target, resolve(kind, gguf_pair), gguf_pair.tokenizer, ids,
+                                                config))
+    gens, _, _ = run_together(programs, gguf_pair.target)
+    return dict(zip(keys, gens))
+
+
+def test_the_pair_runs_on_its_files_blocks(gguf_pair):
+    assert gguf_pair.target_precision == gguf_pair.draft_precision == "gguf"
+    assert gguf_pair.bit_exact
+    assert gguf_pair.target_kernel.startswith("blockgemm") and "Q4_K" in gguf_pair.target_kernel
+    assert gguf_pair.draft_kernel.startswith("blockgemm")
+    # the file's bytes, not a widened copy: the target's blocks are its Q4_K_M file's 1.1 GB less the norms
+    assert 0.9e9 < blocks.block_bytes(gguf_pair.target) < 1.12e9
+
+
+@pytest.mark.parametrize("prompt_name", PROMPTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_round_gives_the_targets_own_tokens(gguf_pair, gguf_runs, prompt_name, kind):
+    if (prompt_name, kind) not in gguf_runs:
+        pytest.skip("the pair's head is missing (its own tests say why)")
+    base, spec = gguf_runs[prompt_name, "alone"], gguf_runs[prompt_name, kind]
+    assert len(base.tokens) == len(spec.tokens) == NEW_TOKENS
+    assert spec.tokens == base.tokens, f"speculative: {spec.text!r}\nbaseline:    {base.text!r}"
+    if kind != "hybrid":  # the hybrid may find nothing to remember on a fresh memory and draft with the model alone
+        assert spec.accepted > 0
