@@ -84,7 +84,7 @@ def load(path: Path) -> BlockKernel:
 
 def build(isa: str = "native") -> Path | None:
     """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
-    return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA)
+    return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, (_SOURCE.with_name("blockgemm_blocks.h"),))
 
 
 _SCALE_AT = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # fp16 fields of a block

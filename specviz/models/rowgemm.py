@@ -64,14 +64,17 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
 
 
-def build(folder: Path, isa: str = "native", source: Path = _SOURCE, extra: tuple[str, ...] = ()) -> Path | None:
+def build(folder: Path, isa: str = "native", source: Path = _SOURCE, extra: tuple[str, ...] = (),
+          headers: tuple[Path, ...] = ()) -> Path | None:
     """The shared object for this source, compiler, ISA and CPU, compiled into `folder` if missing (None: no compiler,
-    or it failed). `source` and `extra` flags: another C kernel of the same kind (models.blocks builds blockgemm.c)."""
+    or it failed). `source`, `extra` flags and the `headers` it includes: another C kernel of the same kind
+    (models.blocks builds blockgemm.c)."""
     cc = _compiler()
     if cc is None:
         return None
     flags = (*_FLAGS, *extra, *ISAS[isa])
-    key = hashlib.sha256("\n".join([source.read_text(), cc, *flags, _cpu_flags(), platform.machine()]).encode())
+    texts = [source.read_text(), *(h.read_text() for h in headers)]
+    key = hashlib.sha256("\n".join([*texts, cc, *flags, _cpu_flags(), platform.machine()]).encode())
     out = folder / f"{source.stem}-{isa}-{key.hexdigest()[:16]}.so"
     if out.is_file():
         return out
