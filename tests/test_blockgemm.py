@@ -20,16 +20,19 @@ def _cpu_has(*flags: str) -> bool:
 
 # every path the source has, each built with its own flags: this CPU's own (AVX-512 with VNNI where it has them), the
 # x86-64-v3 level (AVX2: the AVX2-only EPYCs'), and plain C (any other CPU); each is built and run wherever the suite runs
-ISAS = ["native", pytest.param("avx2", marks=pytest.mark.skipif(not _cpu_has("avx2", "fma", "f16c"), reason="no AVX2")),
-        "portable"]
+_AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd")
+_RUNS = {"native": True, "avx2": _cpu_has("avx2", "fma", "f16c"), "avx512": _cpu_has(*_AVX512), "portable": True}
+ISAS = [pytest.param(isa, marks=pytest.mark.skipif(not runs, reason=f"this CPU cannot run the {isa} path"))
+        for isa, runs in _RUNS.items()]
 TYPES = list(blocks.TYPES)
+X16_TYPES = [name for name in TYPES if name != "Q5_K"]  # the types repacked 16 rows side by side
 
 
 @pytest.fixture(scope="module")
 def kernels():
     built = {}
-    for isa in ("native", "avx2", "portable"):
-        if isa == "avx2" and not _cpu_has("avx2", "fma", "f16c"):
+    for isa, runs in _RUNS.items():
+        if not runs:
             continue
         path = blocks.build(isa)
         assert path is not None, f"the {isa} path did not build"
@@ -92,6 +95,28 @@ def test_every_path_gives_the_same_bits(kernels, name):
     assert all(torch.equal(outs["portable"], out) for out in outs.values()), {i: k.isa for i, k in kernels.items()}
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", X16_TYPES)
+def test_the_side_by_side_form_is_the_quantized_product_alone_or_in_any_mix_on_every_path(kernels, isa, name):
+    """The form passes read (16 rows side by side, blockgemm_x16.h): the same checks, and the same bits on every path."""
+    gen = torch.Generator().manual_seed(4)
+    qtype, bs, k, data = _case(kernels[isa], name, 48, gen)
+    weight = kernels[isa].rows(qtype, data, k, torch.arange(48))
+    x, bias = torch.randn(30, k, generator=gen), torch.randn(48, generator=gen)
+    outs = {}
+    for path, kern in kernels.items():
+        packed = kern.x16(qtype, data, k)
+        assert packed is not None and packed.numel() < 1.15 * data.numel()  # every bit kept, about the file's size
+        outs[path] = kern.linear_x16(qtype, packed, 48, k, x, bias)
+    out = outs[isa]
+    assert blocks.within_quantized_bound(out - bias, x, weight, bs)
+    assert all(torch.equal(out, other) for other in outs.values())
+    packed = kernels[isa].x16(qtype, data, k)
+    for size in (1, 2, 5, 16, 30):
+        rows = torch.randperm(30, generator=gen)[:size]
+        assert torch.equal(kernels[isa].linear_x16(qtype, packed, 48, k, x[rows].contiguous(), bias), out[rows])
+
+
 def test_a_shape_it_cannot_run_is_refused_not_guessed():
     qtype = blocks.TYPES["Q4_K"]
     data = blocks.random_blocks(KERNEL, qtype, 4, 512, torch.Generator().manual_seed(0))
@@ -128,3 +153,10 @@ def test_real_tensors_of_the_default_pair_files(which):
             assert blocks.within_quantized_bound(out, x, ref, KERNEL.block_size(int(t.tensor_type))), name
             for size in (1, 5, 16):
                 assert torch.equal(KERNEL.linear(int(t.tensor_type), data, k, x[:size].contiguous(), None), out[:size]), name
+            packed = KERNEL.x16(int(t.tensor_type), data, k)  # the form passes read, where the type has it
+            if packed is not None:
+                side = KERNEL.linear_x16(int(t.tensor_type), packed, 300, k, x, None)
+                assert blocks.within_quantized_bound(side, x, ref, KERNEL.block_size(int(t.tensor_type))), name
+                for size in (1, 5, 16):
+                    assert torch.equal(KERNEL.linear_x16(int(t.tensor_type), packed, 300, k, x[:size].contiguous(), None),
+                                       side[:size]), name

@@ -302,6 +302,15 @@ def test_why_cheap_subcommand_prints_the_pass_cost_table(capsys):
     assert "new tokens   median ms   × one-token pass" in out and "batch effect" not in out
 
 
+@pytest.mark.parametrize("extra, code, mentions", [
+    (["--compare-precisions", "--compare-kernels"], 2, "ask for one"),  # two pairs of targets: refused before any load
+    (["--compare-precisions"], 1, "gguf"),  # the tiny pair has no GGUF file: a pair that cannot load, in one line
+])
+def test_why_cheap_refuses_a_comparison_it_cannot_make_in_one_line(extra, code, mentions):
+    assert_one_error_line(run_cli("why-cheap", "--pair", "tiny-random", "--device", "cpu", *extra, "-q"),
+                          code, mentions)
+
+
 def test_labs_have_no_command_line_of_their_own():
     from specviz.labs import same_answer, why_cheap
 

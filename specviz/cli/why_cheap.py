@@ -30,6 +30,10 @@ def add_why_cheap(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-kernels", action="store_true",
                    help="also time whole passes through fbgemm (the kernel before rowgemm) on a copy of the target's "
                    "linears, turn about with the loaded kernel in the same run (about 3 GB more for the Qwen target)")
+    p.add_argument("--compare-precisions", action="store_true",
+                   help="time the target at its GGUF file's own blocks (gguf) and with fp16 weights (fp16w) turn about "
+                   "in one run; --json then holds 'precisions': {'gguf': {'ks', 'median_ms'}, 'fp16w': {...}} "
+                   "(named GGUF pairs; both targets in memory: about 4.5 GB for the Qwen pair)")
     p.add_argument("--note", default="", help="a line saved with the figures (where and how they were measured)")
     p.add_argument("--json", action="store_true", help="print one JSON object (save it as assets/verify_cost_gpu.json)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -52,7 +56,11 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
         pc_config = lab.PassCostConfig(ks=args.ks or lab.PASS_KS, repeats=args.repeats)
     except ValueError as e:
         raise CliError(str(e)) from None
-    pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet))
+    if args.compare_precisions and args.compare_kernels:
+        raise CliError("--compare-precisions and --compare-kernels each time two targets: ask for one")
+    precision = "gguf" if args.compare_precisions else None
+    pair = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet),
+                            target_precision=precision, draft_precision=precision)
     say = None if args.quiet else (lambda p: print(f"[{100 * p.fraction:3.0f}%] {p.message}", file=sys.stderr))
     out: dict[str, Any] = {"note": args.note, "target_kernel": pair.target_kernel, "draft_kernel": pair.draft_kernel}
     targets = {pair_name: pair.target}
@@ -62,9 +70,19 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
             raise CliError(f"--compare-kernels needs a target on rowgemm and fbgemm's fp16 kernels here; "
                            f"{pair_name}'s target runs on {pair.target_kernel}")
         targets[f"{pair_name} on fbgemm"] = twin
+    if args.compare_precisions:  # the same file's model with fp16 weights, timed turn about with the gguf one
+        half = models.load_pair(pair_name, device=args.device, progress=stderr_progress(args.quiet),
+                                target_precision="fp16w")
+        targets[f"{pair_name} fp16w"] = half.target
+        out["fp16w_target_kernel"] = half.target_kernel
     costs = drain(lab.measure_pass_costs(targets, pair.tokenizer, pc_config), say)
     out["pass_cost"] = lab.pass_cost_to_dict(costs[0])
-    if len(costs) > 1:
+    if args.compare_precisions:
+        out["precisions"] = {name: {"kernel": kernel, "ks": list(c.ks), "median_ms": [round(m, 3) for m in c.median_ms],
+                                    "ratio_to_one_token": [round(r, 3) for r in c.ratios]}
+                             for name, kernel, c in (("gguf", pair.target_kernel, costs[0]),
+                                                     ("fp16w", out["fp16w_target_kernel"], costs[1]))}
+    elif len(costs) > 1:
         out["fbgemm_pass_cost"] = lab.pass_cost_to_dict(costs[1])
     if args.json:
         print(json.dumps(out, ensure_ascii=False, indent=1))
@@ -74,6 +92,11 @@ def cmd_why_cheap(args: argparse.Namespace) -> int:
     if "fbgemm_pass_cost" in out:
         print()
         print_pass_cost(out["fbgemm_pass_cost"])
+    if "precisions" in out:
+        for name, figures in out["precisions"].items():
+            steps = ", ".join(f"{k}: {ms:.1f} ms ({r:.2f} steps)" for k, ms, r in
+                              zip(figures["ks"], figures["median_ms"], figures["ratio_to_one_token"]))
+            print(f"{name} ({figures['kernel']}): {steps}")
     return 0
 
 

@@ -231,10 +231,11 @@ static inline __m256i kdot(const KBlock *kb, const int8_t *a, const int16_t *sum
 }
 
 
-/* A block of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in a register: values (signed for Q8_0), offsets, float scales */
+/* A block of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in a register: its values with their offset applied (q - 8, q - 16: signed
+   bytes, as Q8_0's) or, for the types with a min, as stored (unsigned), and its float scales */
 typedef struct {
-    __m256i w;
-    int16_t oi[2], om[2];
+    __m256i w, wabs; /* values, and their magnitudes for the sign trick (signed types) */
+    int is_signed;
     float fw, gw;
 } LBlock;
 
@@ -242,11 +243,10 @@ static inline void lload(int type, const uint8_t *x, LBlock *lb) {
     const __m128i m4 = _mm_set1_epi8(0x0F);
     lb->fw = f16c(x);
     lb->gw = (type == Q4_1 || type == Q5_1) ? f16c(x + 2) : 0.0f;
-    int16_t oi = type == Q4_0 ? -8 : type == Q5_0 ? -16 : 0, om = (type == Q4_1 || type == Q5_1) ? 1 : 0;
-    lb->oi[0] = lb->oi[1] = oi;
-    lb->om[0] = lb->om[1] = om;
+    lb->is_signed = !(type == Q4_1 || type == Q5_1);
     if (type == Q8_0) {
         lb->w = _mm256_loadu_si256((const __m256i *)(x + 2));
+        lb->wabs = _mm256_abs_epi8(lb->w);
         return;
     }
     int qs_at = type == Q4_0 ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
@@ -262,10 +262,23 @@ static inline void lload(int type, const uint8_t *x, LBlock *lb) {
         __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
         w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
+    if (type == Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if (type == Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
     lb->w = w;
+    lb->wabs = lb->is_signed ? _mm256_abs_epi8(w) : w;
 }
 
-static inline __m256i zext_lane0(int32_t v) { return _mm256_zextsi128_si256(_mm_cvtsi32_si128(v)); }
+/* lane l: the sum of the 4 products of weights 4l .. 4l+3 with their activations (exact) */
+static inline __m256i ldot(const LBlock *lb, __m256i a) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (lb->is_signed) a = _mm256_sign_epi8(a, lb->w);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(lb->wabs, a), ones);
+}
+
+/* lane l: the sum of activations 4l .. 4l+3 (the min's share, for Q4_1 and Q5_1) */
+static inline __m256i lsum(__m256i a) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+}
 #endif /* vector paths */
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -298,17 +311,61 @@ static void lanes_of(int bs, int is_signed, const uint8_t *w, const int16_t *s, 
             is[l] += (int32_t)oi[2 * l] * sum[2 * l] + (int32_t)oi[2 * l + 1] * sum[2 * l + 1];
             im[l] = (int32_t)om[2 * l] * sum[2 * l] + (int32_t)om[2 * l + 1] * sum[2 * l + 1];
         }
-    else {
-        is[0] += (int32_t)oi[0] * sum[0] + (int32_t)oi[1] * sum[1];
-        im[0] = (int32_t)om[0] * sum[0] + (int32_t)om[1] * sum[1];
-    }
+    else /* the offset is in each value (q - 8, q - 16), the min's share per lane */
+        for (int i = 0; i < 32; i++) {
+            is[i / 4] += (int32_t)oi[i / 16] * a[i];
+            im[i / 4] += (int32_t)om[i / 16] * a[i];
+        }
 }
+
+#if defined(USE512) || defined(USE256)
+/* One weight row against one activation row (a step): the same terms in the same order as row_times_acts, the lane
+   sums kept in a register (in memory, each block's add waited on the last one's store) */
+static float row_times_one(int type, const uint8_t *row, int64_t nb, const Acts *acts) {
+    int bb = blockgemm_block_bytes(type), mins = has_min(type);
+    __m256 acc = _mm256_setzero_ps();
+    if (blockgemm_block_size(type) == 256)
+        for (int64_t b = 0; b < nb; b++) {
+            KBlock kb;
+            if (type == Q6_K) kload_q6k(row + b * bb, &kb);
+            else kload_q4k(row + b * bb, type == Q5_K, &kb);
+            const int16_t *sum = acts->sum + b * 16;
+            float da = acts->d[b];
+            __m256 t = _mm256_mul_ps(_mm256_set1_ps(kb.fw * da), _mm256_cvtepi32_ps(kdot(&kb, acts->q + b * 256, sum)));
+            if (mins) {
+                __m256i im = _mm256_madd_epi16(kb.om, _mm256_loadu_si256((const __m256i *)sum));
+                t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(kb.gw * da), _mm256_cvtepi32_ps(im)));
+            }
+            acc = _mm256_add_ps(acc, t);
+        }
+    else
+        for (int64_t b = 0; b < nb; b++) {
+            LBlock lb;
+            lload(type, row + b * bb, &lb);
+            __m256i a = _mm256_loadu_si256((const __m256i *)(acts->q + b * 32));
+            float da = acts->d[b];
+            __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb.fw * da), _mm256_cvtepi32_ps(ldot(&lb, a)));
+            if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb.gw * da), _mm256_cvtepi32_ps(lsum(a))));
+            acc = _mm256_add_ps(acc, t);
+        }
+    float lanes[LANES];
+    _mm256_storeu_ps(lanes, acc);
+    return lanes_total(lanes);
+}
+#endif
 
 /* One weight row against all M activation rows: y[r * ldy] for r < M; acc: M * LANES floats of this thread.
    Each block is unpacked once, then used for every row. */
 static void row_times_acts(int type, const uint8_t *row, int64_t nb, const Acts *acts, int64_t M, int64_t K,
                            float *y, int64_t ldy, const float *bias, float *acc) {
     int bs = blockgemm_block_size(type), bb = blockgemm_block_bytes(type), mins = has_min(type);
+#if defined(USE512) || defined(USE256)
+    if (M == 1) {
+        float v = row_times_one(type, row, nb, acts);
+        *y = bias ? v + *bias : v;
+        return;
+    }
+#endif
     memset(acc, 0, sizeof(float) * M * LANES);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *x = row + b * bb;
@@ -330,20 +387,11 @@ static void row_times_acts(int type, const uint8_t *row, int64_t nb, const Acts 
         } else {
             LBlock lb;
             lload(type, x, &lb);
-            const __m256i ones = _mm256_set1_epi16(1);
-            __m256i wabs = type == Q8_0 ? _mm256_abs_epi8(lb.w) : lb.w;
             for (int64_t r = 0; r < M; r++) {
-                const int16_t *sum = acts->sum + r * (K / 16) + b * 2;
-                float da = acts->d[r * nb + b];
                 __m256i a = _mm256_loadu_si256((const __m256i *)(acts->q + r * K + b * 32));
-                if (type == Q8_0) a = _mm256_sign_epi8(a, lb.w);
-                __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, a), ones);
-                v = _mm256_add_epi32(v, zext_lane0((int32_t)lb.oi[0] * sum[0] + (int32_t)lb.oi[1] * sum[1]));
-                __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb.fw * da), _mm256_cvtepi32_ps(v));
-                if (mins) {
-                    __m256i im = zext_lane0((int32_t)lb.om[0] * sum[0] + (int32_t)lb.om[1] * sum[1]);
-                    t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb.gw * da), _mm256_cvtepi32_ps(im)));
-                }
+                float da = acts->d[r * nb + b];
+                __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb.fw * da), _mm256_cvtepi32_ps(ldot(&lb, a)));
+                if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb.gw * da), _mm256_cvtepi32_ps(lsum(a))));
                 _mm256_storeu_ps(acc + r * LANES, _mm256_add_ps(_mm256_loadu_ps(acc + r * LANES), t));
             }
         }
@@ -365,6 +413,8 @@ static void row_times_acts(int type, const uint8_t *row, int64_t nb, const Acts 
         y[r * ldy] = bias ? v + *bias : v;
     }
 }
+
+#include "blockgemm_x16.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
    The entry points
@@ -396,6 +446,28 @@ int blockgemm_linear(int type, const uint8_t *W, int64_t row_bytes, int64_t N, i
         for (int64_t n = 0; n < N; n++)
             if (acc) row_times_acts(type, W + n * row_bytes, nb, &acts, M, K, y + n, ldy, bias ? bias + n : NULL, acc);
         free(acc);
+    }
+    free(acts.q);
+    free(acts.sum);
+    free(acts.d);
+    return failed ? -1 : 0;
+}
+
+/* blockgemm_linear for a matrix repacked by blockgemm_repack_x16 (Q4_K, Q6_K; N a multiple of 16) */
+int blockgemm_linear_x16(int type, const uint8_t *X, int64_t N, int64_t K, const float *x, int64_t M, const float *bias,
+                         float *y, int64_t ldy) {
+    if (!blockgemm_x16_size(type, N, K) || M < 1) return -1;
+    int bs = blockgemm_block_size(type);
+    int64_t nb = K / bs;
+    Acts acts;
+    acts.q = malloc((size_t)(M * K));
+    acts.sum = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
+    acts.d = malloc(sizeof(float) * (size_t)(M * nb));
+    int failed = !acts.q || !acts.sum || !acts.d;
+    if (!failed) {
+        for (int64_t r = 0; r < M; r++)
+            quantize_row(x + r * K, K, bs, acts.q + r * K, acts.sum + r * (K / 16), acts.d + r * nb);
+        failed = x16_linear(type, X, N, nb, &acts, M, K, bias, y, ldy);
     }
     free(acts.q);
     free(acts.sum);

@@ -55,6 +55,28 @@ class BlockKernel:
                              f"({row_bytes} bytes a row) on {m} rows")
         return y
 
+    def x16(self, qtype: int, blocks: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The matrix repacked 16 rows side by side (blockgemm_x16.h: Q4_K and Q6_K with rows a multiple of 16), every
+        bit kept; None for any other type or shape (the rows' own blocks serve then)."""
+        n, row_bytes = blocks.shape
+        size = int(self.lib.blockgemm_x16_size(qtype, n, k))
+        if size == 0:
+            return None
+        out = torch.empty(size, dtype=torch.uint8)
+        if self.lib.blockgemm_repack_x16(qtype, blocks.data_ptr(), row_bytes, n, k, out.data_ptr()):
+            return None
+        return out
+
+    def linear_x16(self, qtype: int, packed: torch.Tensor, n: int, k: int, x: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+        """`linear` on a matrix repacked by `x16` (its own float order: see blockgemm_x16.h)."""
+        m = x.shape[0]
+        y = torch.empty((m, n), dtype=torch.float32)
+        if self.lib.blockgemm_linear_x16(qtype, packed.data_ptr(), n, k, x.data_ptr(), m,
+                                         0 if bias is None else bias.data_ptr(), y.data_ptr(), n):
+            raise ValueError(f"blockgemm cannot run a repacked {TYPE_NAMES.get(qtype, qtype)} matrix of {n} rows of {k}")
+        return y
+
     def rows(self, qtype: int, blocks: torch.Tensor, k: int, ids: torch.Tensor) -> torch.Tensor:
         """The weights of rows `ids` as fp32 (len(ids), K), as gguf's dequantization gives them."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
@@ -79,12 +101,19 @@ def load(path: Path) -> BlockKernel:
     lib.blockgemm_linear.restype = i32
     lib.blockgemm_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.blockgemm_rows.restype = i32
+    lib.blockgemm_x16_size.argtypes = [i32, i64, i64]
+    lib.blockgemm_x16_size.restype = i64
+    lib.blockgemm_repack_x16.argtypes = [i32, ptr, i64, i64, i64, ptr]
+    lib.blockgemm_repack_x16.restype = i32
+    lib.blockgemm_linear_x16.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ptr, i64]
+    lib.blockgemm_linear_x16.restype = i32
     return BlockKernel(lib, lib.blockgemm_isa().decode(), str(path))
 
 
 def build(isa: str = "native") -> Path | None:
     """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
-    return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, (_SOURCE.with_name("blockgemm_blocks.h"),))
+    headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h"))
+    return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, headers)
 
 
 _SCALE_AT = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # fp16 fields of a block
@@ -171,21 +200,29 @@ class BlockLinear(nn.Module):
         self.qtype, self.kernel = int(qtype), kernel
         self.blocks = blocks  # (N, row bytes) uint8: the file's own bytes (a mapped view, or a copy where permuted)
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        # Q4_K and Q6_K: repacked once, 16 rows side by side (blockgemm_x16.h), what every pass then reads; the
+        # file's blocks stay mapped for `rows` (untouched by passes, so they leave memory)
+        self.x16 = kernel.x16(self.qtype, blocks, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = self.kernel.linear(self.qtype, self.blocks, self.in_features, rows, self.bias)  # (M, N)
+        if self.x16 is not None:
+            y = self.kernel.linear_x16(self.qtype, self.x16, self.out_features, self.in_features, rows, self.bias)
+        else:
+            y = self.kernel.linear(self.qtype, self.blocks, self.in_features, rows, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.kernel.rows(self.qtype, self.blocks, self.in_features, ids)
 
     def nbytes(self) -> int:
-        return self.blocks.numel() + (0 if self.bias is None else 4 * self.out_features)
+        held = self.blocks.numel() if self.x16 is None else self.x16.numel()
+        return held + (0 if self.bias is None else 4 * self.out_features)
 
     def extra_repr(self) -> str:
+        form = "16 rows side by side" if self.x16 is not None else "as stored"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"{TYPE_NAMES.get(self.qtype, self.qtype)} blocks (blockgemm {self.kernel.isa})")
+                f"{TYPE_NAMES.get(self.qtype, self.qtype)} blocks, {form} (blockgemm {self.kernel.isa})")
 
 
 class BlockEmbedding(nn.Module):
@@ -213,6 +250,50 @@ class BlockEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {TYPE_NAMES.get(self.qtype, self.qtype)} blocks"
+
+
+class FusedBlocks:
+    """Linears that share an input (a layer's q, k, v; its gate and up) of one type and width, their side-by-side
+    matrices one tensor (each layer's a view of its rows): one kernel call computes them all, each output its own
+    lane from start to end, so every layer gets the bits its own call gives (only the number of calls changes)."""
+
+    def __init__(self, layers: list[BlockLinear]) -> None:
+        self.layers = tuple(layers)
+        self.kernel, self.qtype, self.in_features = layers[0].kernel, layers[0].qtype, layers[0].in_features
+        self.widths = [m.out_features for m in layers]
+        self.x16 = torch.cat([m.x16 for m in layers])  # groups of 16 rows are contiguous: rows after rows
+        biases = [m.bias for m in layers]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(w) for b, w in zip(biases, self.widths)])
+        start = 0
+        for m in layers:  # each layer now reads its slice of the one tensor: no second copy
+            size = m.x16.numel()
+            m.x16 = self.x16[start : start + size]
+            m.fused_with = self
+            start += size
+
+    def __call__(self, x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        y = self.kernel.linear_x16(self.qtype, self.x16, sum(self.widths), self.in_features, rows, self.bias)
+        outs, start = [], 0
+        for w in self.widths:  # each its own contiguous tensor, as a layer's own call returns
+            outs.append(y[:, start : start + w].contiguous().reshape(*x.shape[:-1], w))
+            start += w
+        return outs
+
+
+def fuse(model: nn.Module) -> int:
+    """Give each decoder layer's q/k/v and gate/up one side-by-side tensor where they are block linears of one type
+    and width (core.lean calls them once); returns how many groups were fused."""
+    from specviz.models.rowgemm import _groups
+
+    n = 0
+    for group in _groups(model):
+        if all(isinstance(m, BlockLinear) and m.x16 is not None for m in group) and \
+                len({(m.qtype, m.in_features) for m in group}) == 1:
+            FusedBlocks(list(group))
+            n += 1
+    return n
 
 
 def block_bytes(model: nn.Module) -> int:

@@ -87,8 +87,8 @@ def _build_gguf_form(src: GgufSource, final: Path, gguf_path: Path, report: Load
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
     os.chmod(tmp, 0o755)
-    try:
-        with _oom_as_pair_error(src.title):
+    try:  # one parse of the file's metadata for the tokenizer, the config and the table (each parsed it again: ~7 s)
+        with _oom_as_pair_error(src.title), stream.one_gguf_reader(gguf_path):
             report(0.0, f"{src.title}: reading the tokenizer from GGUF")
             tokenizer = _gguf_tokenizer(gguf_path)
             report(0.5, f"{src.title}: reading the model's settings and tensor table")

@@ -75,19 +75,21 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel) -> nn.Modul
         else:
             quantized[target.removesuffix(".weight")] = (blocks.blocks_from_numpy(np.ascontiguousarray(result.weights)),
                                                         qtype, shape[1])
-    _place(model, quantized, plain, kernel, config, title)
+    _place(model, quantized, plain, kernel, config, title, lambda: _let_go_of_read_pages(mapped))
     _rebuild_buffers(model, config)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise PairError(f"{title}: the GGUF file lacks {len(left)} tensors the model needs (first: {left[0]})")
+    blocks.fuse(model)  # q/k/v and gate/up of one type: one kernel call each (core.lean)
     attend.mark(model)  # its activations are quantized: each attention row alone, as a one-token step (core.attend)
     model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
     return model.eval()
 
 
 def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]], plain: dict[str, torch.Tensor],
-           kernel: blocks.BlockKernel, config: Any, title: str) -> None:
-    """Put each tensor where it goes: quantized linears and embeddings as block modules, the rest as parameters."""
+           kernel: blocks.BlockKernel, config: Any, title: str, read: Any = lambda: None) -> None:
+    """Put each tensor where it goes: quantized linears and embeddings as block modules, the rest as parameters.
+    `read()` after each linear: the file's pages it was repacked from may go (the load's peak stays near one copy)."""
     modules = dict(model.named_modules())
     embedding = model.get_input_embeddings()
     head_name = next(n for n, m in modules.items() if m is model.get_output_embeddings())
@@ -98,6 +100,7 @@ def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]]
         elif isinstance(module, nn.Linear):
             bias = plain.pop(f"{name}.bias", None)
             _set_module(model, name, blocks.BlockLinear(data, qtype, k, bias, kernel))
+            read()
         else:
             raise PairError(f"{title}: a quantized tensor for {name}, which is no linear or embedding")
     if head_name not in quantized:  # tied to the embedding (or the file stores none): the embedding's own blocks
@@ -105,6 +108,7 @@ def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]]
         if not isinstance(emb, blocks.BlockEmbedding):
             raise PairError(f"{title}: no output layer in the file, and an embedding that is not quantized")
         _set_module(model, head_name, blocks.BlockLinear(emb.blocks, emb.qtype, emb.embedding_dim, None, kernel))
+        read()
     for name, tensor in plain.items():
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
@@ -115,6 +119,16 @@ def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]]
     for name, module in list(model.named_modules()):  # float linears still without a bias tensor: none in the file
         if isinstance(module, nn.Linear) and module.bias is not None and module.bias.is_meta:
             module.bias = None
+
+
+def _let_go_of_read_pages(mapped: np.memmap) -> None:
+    """The repacking read the file's pages; they leave this process's memory (the page cache keeps them), so that what
+    a pass reads, the repacked copies and the rows still used in place, is all that stays resident."""
+    import mmap
+
+    raw = getattr(mapped, "_mmap", None)
+    if raw is not None and hasattr(mmap, "MADV_DONTNEED"):
+        raw.madvise(mmap.MADV_DONTNEED)
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:

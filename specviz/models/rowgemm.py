@@ -25,7 +25,8 @@ _SOURCE = Path(__file__).with_suffix(".c")
 _FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-fno-fast-math")
 # the instruction sets a build may target: this CPU's own (what the app uses), and two fixed x86 levels that tests
 # build on any x86 machine that runs them, so that each code path of the kernel is checked wherever the suite runs
-ISAS = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3",), "portable": ("-march=x86-64",)}
+ISAS = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3",), "portable": ("-march=x86-64",),
+        "avx512": ("-march=x86-64-v4",)}  # AVX-512 without VNNI (blockgemm's path for such CPUs)
 _ENV_OFF = "SPECVIZ_ROWGEMM"  # SPECVIZ_ROWGEMM=0: never build or use it (fbgemm everywhere, e.g. to compare)
 
 

@@ -1,0 +1,325 @@
+/* blockgemm_x16.h: matrices repacked 16 output rows side by side, included by blockgemm.c: the K types Q4_K and
+   Q6_K (256-blocks, below), and the 32-blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (x32_*, at the end).
+
+   Why: with one output row at a time, every 256-weight block of every row ends in a horizontal fold of its lanes
+   and a float multiply-add; side by side, one vector holds the same k-quad of 16 rows, an activation's 4 bytes are
+   broadcast against it (dpbusd: 4 products summed per output), a sub-block's integer is one vector, its scale one
+   multiply, and the block's float terms are computed for 16 outputs at once. Each output keeps its own lane from
+   start to end, so nothing is reduced across lanes and a row's bits cannot depend on any other row.
+
+   Layout, per group of 16 rows and per 256-block (the groups' blocks in k order, so a thread streams its rows):
+     nib[32][64]  values' low 4 bits: chunk c holds quads 2c (low nibbles) and 2c+1 (high), byte 4*row + i = k 4q+i
+     hi2[16][64]  Q6_K only: values' top 2 bits, chunk t holds quads 4t..4t+3 at bits 2s, 2s+1 (s = quad - 4t)
+     sc[G][16]    each sub-block's scale per row (Q4_K: 8 of 32 values, u8; Q6_K: 16 of 16, i8)
+     mn[4][16][2] Q4_K only: mins of sub-blocks 2p, 2p+1 per row, int16 pairs
+     fw[16], gw[16]  d, and -dmin (Q4_K), as floats
+   The float order per output and activation row: acc = 0; per block acc = acc + ((fw*da)*is + (gw*da)*im); then
+   + bias, with is the block's exact integer (Σ_j sc_j Σ values*acts, Q6_K's values less 32) and im = Σ_j m_j bsum_j. */
+
+#define X16_AHEAD 3 /* blocks of prefetch distance */
+
+static int x32_block_bytes(int type);
+
+static int x16_block_bytes(int type) {
+    return type == Q4_K ? 2048 + 128 + 256 + 128 : type == Q6_K ? 2048 + 1024 + 256 + 128 : x32_block_bytes(type);
+}
+
+int64_t blockgemm_x16_size(int type, int64_t n, int64_t k) {
+    int bs = blockgemm_block_size(type);
+    if (!x16_block_bytes(type) || n % 16 || k % bs) return 0;
+    return n / 16 * (k / bs) * x16_block_bytes(type);
+}
+
+static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out);
+
+/* the file's rows (n, row_bytes) into the side-by-side layout; 0, or -1 where the type or shape has none */
+int blockgemm_repack_x16(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out) {
+    if (!blockgemm_x16_size(type, n, k) || row_bytes != k / blockgemm_block_size(type) * blockgemm_block_bytes(type)) return -1;
+    if (blockgemm_block_size(type) == 32) return x32_repack(type, W, row_bytes, n, k, out);
+    int64_t nb = k / 256, gb = x16_block_bytes(type);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / 16; g++) {
+        uint8_t w[256];
+        int16_t s[128], oi[16], om[16];
+        float fw, gw;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * gb, *nib = o, *hi2 = o + 2048;
+            uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
+            int16_t *mn = (int16_t *)(o + 2048 + 128);
+            float *f = (float *)(o + gb - 128);
+            if (type == Q6_K) memset(hi2, 0, 1024);
+            for (int r = 0; r < 16; r++) {
+                unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om, &fw, &gw);
+                for (int kk = 0; kk < 256; kk++) {
+                    int q = kk / 4, i = kk % 4, byte = (q / 2) * 64 + 4 * r + i;
+                    if (q % 2 == 0) nib[byte] = (uint8_t)(w[kk] & 0xF);
+                    else nib[byte] |= (uint8_t)((w[kk] & 0xF) << 4);
+                    if (type == Q6_K) hi2[(q / 4) * 64 + 4 * r + i] |= (uint8_t)((w[kk] >> 4) << (2 * (q % 4)));
+                }
+                if (type == Q4_K)
+                    for (int j = 0; j < 8; j++) {
+                        sc[j * 16 + r] = (uint8_t)s[16 * j];
+                        mn[((j / 2) * 16 + r) * 2 + j % 2] = om[2 * j];
+                    }
+                else
+                    for (int j = 0; j < 16; j++) sc[j * 16 + r] = (uint8_t)(int8_t)s[8 * j];
+                f[r] = fw;
+                f[16 + r] = gw;
+            }
+        }
+    }
+    return 0;
+}
+
+/* one block's value of quad q for the 16 rows, as 64 bytes (portable: the same bytes the vector paths make) */
+static inline void x16_quad(int type, const uint8_t *o, int q, uint8_t *v) {
+    const uint8_t *nib = o + (q / 2) * 64, *hi2 = o + 2048 + (q / 4) * 64;
+    for (int t = 0; t < 64; t++) {
+        uint8_t x = (uint8_t)((nib[t] >> (4 * (q % 2))) & 0xF);
+        if (type == Q6_K) x |= (uint8_t)(((hi2[t] >> (2 * (q % 4))) & 3) << 4);
+        v[t] = x;
+    }
+}
+
+/* the block's integers for every activation row, 16 outputs each: is (M, 16) = Σ_j sc_j Σ values*acts (Q6_K's values
+   less 32), im (M, 16) = Σ_j m_j bsum_j (Q4_K); each sub-block's values unpacked once for all rows */
+static inline __attribute__((always_inline)) void x16_block_of(int type, int groups, int quads, const uint8_t *o,
+                                                                const Acts *acts, int64_t M, int64_t K, int64_t b,
+                                                                int32_t *is, int32_t *im) {
+    const uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
+    const int16_t *mn = (const int16_t *)(o + 2048 + 128);
+    memset(is, 0, sizeof(int32_t) * 16 * (size_t)M);
+    memset(im, 0, sizeof(int32_t) * 16 * (size_t)M);
+    for (int j = 0; j < groups; j++) {
+#if defined(USE512)
+        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+        __m512i V[8];
+        for (int qq = 0; qq < quads; qq++) {
+            int q = j * quads + qq;
+            __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
+            if (type == Q6_K)
+                v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(
+                        _mm512_loadu_si512(o + 2048 + (q / 4) * 64), 2 * (q % 4)), m2), 4));
+            V[qq] = v;
+        }
+        __m512i scale = type == Q6_K ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)))
+                                     : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
+        for (int64_t r = 0; r < M; r++) {
+            const int8_t *a = acts->q + r * K + b * 256 + 4 * j * quads;
+            __m512i S = _mm512_setzero_si512();
+            for (int qq = 0; qq < quads; qq++) {
+                int32_t four;
+                memcpy(&four, a + 4 * qq, 4);
+#if defined(__AVX512VNNI__)
+                S = _mm512_dpbusd_epi32(S, V[qq], _mm512_set1_epi32(four));
+#else
+                S = _mm512_add_epi32(S, _mm512_madd_epi16(_mm512_maddubs_epi16(V[qq], _mm512_set1_epi32(four)),
+                                                          _mm512_set1_epi16(1)));
+#endif
+            }
+            if (type == Q6_K) S = _mm512_sub_epi32(S, _mm512_set1_epi32(32 * (int32_t)acts->sum[r * (K / 16) + b * 16 + j]));
+            _mm512_storeu_si512(is + 16 * r, _mm512_add_epi32(_mm512_loadu_si512(is + 16 * r), _mm512_mullo_epi32(S, scale)));
+        }
+#else
+        uint8_t v[8][64];
+        for (int qq = 0; qq < quads; qq++) x16_quad(type, o, j * quads + qq, v[qq]);
+        for (int64_t r = 0; r < M; r++) {
+            const int8_t *a = acts->q + r * K + b * 256 + 4 * j * quads;
+            int32_t S[16] = {0};
+            for (int qq = 0; qq < quads; qq++)
+                for (int t = 0; t < 64; t++) S[t / 4] += (int32_t)v[qq][t] * a[4 * qq + t % 4];
+            for (int t = 0; t < 16; t++) {
+                int32_t scale = type == Q6_K ? (int32_t)(int8_t)sc[16 * j + t] : (int32_t)sc[16 * j + t];
+                int32_t off = type == Q6_K ? 32 * (int32_t)acts->sum[r * (K / 16) + b * 16 + j] : 0;
+                is[16 * r + t] += (S[t] - off) * scale;
+            }
+        }
+#endif
+    }
+    if (type == Q4_K)
+        for (int64_t r = 0; r < M; r++) { /* mins of sub-blocks against their activations' sums (of 32) */
+            const int16_t *sum = acts->sum + r * (K / 16) + b * 16;
+#if defined(USE512)
+            __m512i v = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) { /* sub-blocks 2p, 2p+1: an int16 pair per row, against the pair of sums */
+                int16_t pair[2] = {(int16_t)(sum[4 * p] + sum[4 * p + 1]), (int16_t)(sum[4 * p + 2] + sum[4 * p + 3])};
+                int32_t both;
+                memcpy(&both, pair, 4);
+                v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_loadu_si512(mn + 32 * p), _mm512_set1_epi32(both)));
+            }
+            _mm512_storeu_si512(im + 16 * r, v);
+#else
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < 16; t++)
+                    im[16 * r + t] += (int32_t)mn[((j / 2) * 16 + t) * 2 + j % 2] * (sum[2 * j] + sum[2 * j + 1]);
+#endif
+        }
+}
+
+/* x16_block_of with the type's shape as constants, so that its loops unroll and its values stay in registers */
+static void x16_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
+                      int32_t *im) {
+    if (type == Q6_K) x16_block_of(Q6_K, 16, 4, o, acts, M, K, b, is, im);
+    else x16_block_of(Q4_K, 8, 8, o, acts, M, K, b, is, im);
+}
+
+/* y (M, ldy) = x @ W.T + bias, W repacked (n rows); threads split the groups of 16 rows */
+static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
+                      int32_t *im);
+
+static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
+                      const float *bias, float *y, int64_t ldy) {
+    int64_t gb = x16_block_bytes(type);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *acc = malloc(sizeof(float) * 16 * (size_t)M);
+        int32_t *is = malloc(sizeof(int32_t) * 16 * (size_t)M), *im = malloc(sizeof(int32_t) * 16 * (size_t)M);
+        if (!acc || !is || !im) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < n / 16; g++) {
+            if (!acc || !is || !im) continue;
+            memset(acc, 0, sizeof(float) * 16 * (size_t)M);
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *o = X + (g * nb + b) * gb;
+                const float *fw = (const float *)(o + gb - 128), *gw = fw + 16;
+                /* the memory a few blocks ahead is asked for now: one block's arithmetic then hides the next one's
+                   wait (a step reads each byte once, from memory, so the wait is most of it) */
+                for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, 0);
+                if (blockgemm_block_size(type) == 256) x16_block(type, o, acts, M, K, b, is, im);
+                else x32_block(type, o, acts, M, K, b, is, im);
+                for (int64_t r = 0; r < M; r++) {
+                    float da = acts->d[r * nb + b], *out = acc + 16 * r;
+                    const int32_t *i1 = is + 16 * r, *i2 = im + 16 * r;
+                    for (int t = 0; t < 16; t++) {
+                        float f = fw[t] * da, h = gw[t] * da;
+                        out[t] = out[t] + (f * (float)i1[t] + h * (float)i2[t]);
+                    }
+                }
+            }
+            for (int64_t r = 0; r < M; r++)
+                for (int t = 0; t < 16; t++) {
+                    float v = acc[16 * r + t];
+                    y[r * ldy + g * 16 + t] = bias ? v + bias[g * 16 + t] : v;
+                }
+        }
+        free(acc);
+        free(is);
+        free(im);
+    }
+    return failed ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+   The 32-blocks side by side. Per group of 16 rows and per block:
+     val[8][64]  Q8_0: each value + 128 as a byte, quad q in chunk q (byte 4*row + i = k 4q+i)
+     nib[4][64]  the others: values' low 4 bits, chunk c holds quads 2c (low nibbles) and 2c+1 (high)
+     hb[64]      Q5_0, Q5_1: bit q of byte 4*row + i is the 5th bit of quad q's value
+     fw[16], gw[16]  d and the min m (Q4_1, Q5_1; else 0)
+   Per output and activation row the block's integer is Σ stored values*acts - offset*bsum (offset 8, 16, 128 or 0)
+   and im the activations' sum (types with a min); the float order is the K types' one.
+   -------------------------------------------------------------------------------------------------------------- */
+static int x32_block_bytes(int type) {
+    switch (type) {
+    case Q4_0: case Q4_1: return 256 + 128;
+    case Q5_0: case Q5_1: return 256 + 64 + 128;
+    case Q8_0: return 512 + 128;
+    default: return 0;
+    }
+}
+
+static int x32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
+
+static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out) {
+    int64_t nb = k / 32, gb = x32_block_bytes(type);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / 16; g++) {
+        uint8_t w[256];
+        int16_t s[128], oi[16], om[16];
+        float fw, gw;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + (g * nb + b) * gb, *hb = o + 256;
+            float *f = (float *)(o + gb - 128);
+            memset(o, 0, (size_t)(gb - 128));
+            for (int r = 0; r < 16; r++) {
+                unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om,
+                             &fw, &gw);
+                for (int kk = 0; kk < 32; kk++) {
+                    int q = kk / 4, byte = 4 * r + kk % 4;
+                    if (type == Q8_0) o[q * 64 + byte] = (uint8_t)((int)(int8_t)w[kk] + 128);
+                    else {
+                        o[(q / 2) * 64 + byte] |= (uint8_t)((w[kk] & 0xF) << (4 * (q % 2)));
+                        if (type == Q5_0 || type == Q5_1) hb[byte] |= (uint8_t)(((w[kk] >> 4) & 1) << q);
+                    }
+                }
+                f[r] = fw;
+                f[16 + r] = gw;
+            }
+        }
+    }
+    return 0;
+}
+
+/* the block's integers for every activation row, 16 outputs each (is, im: (M, 16)); values unpacked once */
+static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
+                      int32_t *im) {
+    int off = x32_offset(type), mins = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
+#if defined(USE512)
+    __m512i V[8];
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    for (int q = 0; q < 8; q++) {
+        if (type == Q8_0) { V[q] = _mm512_loadu_si512(o + 64 * q); continue; }
+        __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
+        if (five)
+            v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + 256), q), one), 4));
+        V[q] = v;
+    }
+    for (int64_t r = 0; r < M; r++) {
+        const int8_t *a = acts->q + r * K + b * 32;
+        const int16_t *sum = acts->sum + r * (K / 16) + b * 2;
+        int32_t bsum = (int32_t)sum[0] + sum[1];
+        __m512i S = _mm512_setzero_si512();
+        for (int q = 0; q < 8; q++) {
+            int32_t four;
+            memcpy(&four, a + 4 * q, 4);
+#if defined(__AVX512VNNI__)
+            S = _mm512_dpbusd_epi32(S, V[q], _mm512_set1_epi32(four));
+#else
+            if (type == Q8_0) { /* bytes up to 255: two nibble halves, no int16 overflow in maddubs */
+                __m512i lo = _mm512_and_si512(V[q], m4), hi = _mm512_and_si512(_mm512_srli_epi16(V[q], 4), m4);
+                __m512i x = _mm512_set1_epi32(four), ones = _mm512_set1_epi16(1);
+                S = _mm512_add_epi32(S, _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, x), ones),
+                                                         _mm512_slli_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(hi, x), ones), 4)));
+            } else
+                S = _mm512_add_epi32(S, _mm512_madd_epi16(_mm512_maddubs_epi16(V[q], _mm512_set1_epi32(four)),
+                                                          _mm512_set1_epi16(1)));
+#endif
+        }
+        _mm512_storeu_si512(is + 16 * r, _mm512_sub_epi32(S, _mm512_set1_epi32(off * bsum)));
+        _mm512_storeu_si512(im + 16 * r, _mm512_set1_epi32(mins ? bsum : 0));
+    }
+#else
+    uint8_t v[8][64];
+    for (int q = 0; q < 8; q++)
+        for (int t = 0; t < 64; t++) {
+            if (type == Q8_0) { v[q][t] = o[64 * q + t]; continue; }
+            uint8_t x = (uint8_t)((o[(q / 2) * 64 + t] >> (4 * (q % 2))) & 0xF);
+            if (five) x |= (uint8_t)(((o[256 + t] >> q) & 1) << 4);
+            v[q][t] = x;
+        }
+    for (int64_t r = 0; r < M; r++) {
+        const int8_t *a = acts->q + r * K + b * 32;
+        const int16_t *sum = acts->sum + r * (K / 16) + b * 2;
+        int32_t bsum = (int32_t)sum[0] + sum[1], S[16] = {0};
+        for (int q = 0; q < 8; q++)
+            for (int t = 0; t < 64; t++) S[t / 4] += (int32_t)v[q][t] * a[4 * q + t % 4];
+        for (int t = 0; t < 16; t++) {
+            is[16 * r + t] = S[t] - off * bsum;
+            im[16 * r + t] = mins ? bsum : 0;
+        }
+    }
+#endif
+}
