@@ -12,7 +12,7 @@
      hi2[16][64]  Q6_K only: values' top 2 bits, chunk t holds quads 4t..4t+3 at bits 2s, 2s+1 (s = quad - 4t)
      sc[G][16]    each sub-block's scale per row (Q4_K: 8 of 32 values, u8; Q6_K: 16 of 16, i8)
      mn[4][16][2] Q4_K only: mins of sub-blocks 2p, 2p+1 per row, int16 pairs
-     fw[16], gw[16]  d, and -dmin (Q4_K), as floats
+     fw[16], gw[16]  d, and -dmin (Q4_K), as fp16 bits (gw only where the type has a min)
    The float order per output and activation row: acc = 0; per block acc = acc + ((fw*da)*is + (gw*da)*im); then
    + bias, with is the block's exact integer (Σ_j sc_j Σ values*acts, Q6_K's values less 32) and im = Σ_j m_j bsum_j. */
 
@@ -20,8 +20,44 @@
 
 static int x32_block_bytes(int type);
 
+/* the float scales at a block's end: 16 rows' d as the file's fp16 bits, then (types with a min) their min, as fp16
+   (Q4_K: -dmin, the sign bit flipped: exact); read back as floats, exactly */
+static int x16_has_min(int type) { return type == Q4_K || type == Q4_1 || type == Q5_1; }
+static int x16_tail(int type) { return x16_has_min(type) ? 64 : 32; }
+
+static void x16_keep_scales(int type, const uint8_t *block, uint8_t *tail, int r) {
+    int d_at = type == Q6_K ? 208 : 0;
+    tail[2 * r] = block[d_at];
+    tail[2 * r + 1] = block[d_at + 1];
+    if (x16_has_min(type)) {
+        tail[32 + 2 * r] = block[2];
+        tail[32 + 2 * r + 1] = (uint8_t)(block[3] ^ (type == Q4_K ? 0x80 : 0)); /* Q4_K's weight is d*sc*q - dmin*m */
+    }
+}
+
+static void x16_scales(const uint8_t *tail, float *fw, float *gw, int with_min) {
+#if defined(USE512)
+    _mm512_storeu_ps(fw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail)));
+    if (with_min) _mm512_storeu_ps(gw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))));
+#elif defined(USE256)
+    _mm256_storeu_ps(fw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tail)));
+    _mm256_storeu_ps(fw + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 16))));
+    if (with_min) {
+        _mm256_storeu_ps(gw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 32))));
+        _mm256_storeu_ps(gw + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 48))));
+    }
+#else
+    for (int t = 0; t < 16; t++) {
+        fw[t] = f16(tail + 2 * t);
+        if (with_min) gw[t] = f16(tail + 32 + 2 * t);
+    }
+#endif
+    if (!with_min)
+        for (int t = 0; t < 16; t++) gw[t] = 0.0f;
+}
+
 static int x16_block_bytes(int type) {
-    return type == Q4_K ? 2048 + 128 + 256 + 128 : type == Q6_K ? 2048 + 1024 + 256 + 128 : x32_block_bytes(type);
+    return type == Q4_K ? 2048 + 128 + 256 + 64 : type == Q6_K ? 2048 + 1024 + 256 + 32 : x32_block_bytes(type);
 }
 
 int64_t blockgemm_x16_size(int type, int64_t n, int64_t k) {
@@ -46,7 +82,7 @@ int blockgemm_repack_x16(int type, const uint8_t *W, int64_t row_bytes, int64_t 
             uint8_t *o = out + (g * nb + b) * gb, *nib = o, *hi2 = o + 2048;
             uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
             int16_t *mn = (int16_t *)(o + 2048 + 128);
-            float *f = (float *)(o + gb - 128);
+            uint8_t *f = o + gb - x16_tail(type);
             if (type == Q6_K) memset(hi2, 0, 1024);
             for (int r = 0; r < 16; r++) {
                 unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om, &fw, &gw);
@@ -63,8 +99,7 @@ int blockgemm_repack_x16(int type, const uint8_t *W, int64_t row_bytes, int64_t 
                     }
                 else
                     for (int j = 0; j < 16; j++) sc[j * 16 + r] = (uint8_t)(int8_t)s[8 * j];
-                f[r] = fw;
-                f[16 + r] = gw;
+                x16_keep_scales(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), f, r);
             }
         }
     }
@@ -185,7 +220,8 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
             memset(acc, 0, sizeof(float) * 16 * (size_t)M);
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *o = X + (g * nb + b) * gb;
-                const float *fw = (const float *)(o + gb - 128), *gw = fw + 16;
+                float fw[16], gw[16];
+                x16_scales(o + gb - x16_tail(type), fw, gw, x16_has_min(type));
                 /* the memory a few blocks ahead is asked for now: one block's arithmetic then hides the next one's
                    wait (a step reads each byte once, from memory, so the wait is most of it) */
                 for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, 0);
@@ -218,15 +254,17 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
      val[8][64]  Q8_0: each value + 128 as a byte, quad q in chunk q (byte 4*row + i = k 4q+i)
      nib[4][64]  the others: values' low 4 bits, chunk c holds quads 2c (low nibbles) and 2c+1 (high)
      hb[64]      Q5_0, Q5_1: bit q of byte 4*row + i is the 5th bit of quad q's value
-     fw[16], gw[16]  d and the min m (Q4_1, Q5_1; else 0)
+     fw[16], gw[16]  d and the min m (Q4_1, Q5_1 only), as fp16 bits
    Per output and activation row the block's integer is Σ stored values*acts - offset*bsum (offset 8, 16, 128 or 0)
    and im the activations' sum (types with a min); the float order is the K types' one.
    -------------------------------------------------------------------------------------------------------------- */
 static int x32_block_bytes(int type) {
     switch (type) {
-    case Q4_0: case Q4_1: return 256 + 128;
-    case Q5_0: case Q5_1: return 256 + 64 + 128;
-    case Q8_0: return 512 + 128;
+    case Q4_0: return 256 + 32;
+    case Q4_1: return 256 + 64;
+    case Q5_0: return 256 + 64 + 32;
+    case Q5_1: return 256 + 64 + 64;
+    case Q8_0: return 512 + 32;
     default: return 0;
     }
 }
@@ -242,8 +280,8 @@ static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, 
         float fw, gw;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *o = out + (g * nb + b) * gb, *hb = o + 256;
-            float *f = (float *)(o + gb - 128);
-            memset(o, 0, (size_t)(gb - 128));
+            uint8_t *f = o + gb - x16_tail(type);
+            memset(o, 0, (size_t)(gb - x16_tail(type)));
             for (int r = 0; r < 16; r++) {
                 unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om,
                              &fw, &gw);
@@ -255,8 +293,7 @@ static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, 
                         if (type == Q5_0 || type == Q5_1) hb[byte] |= (uint8_t)(((w[kk] >> 4) & 1) << q);
                     }
                 }
-                f[r] = fw;
-                f[16 + r] = gw;
+                x16_keep_scales(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), f, r);
             }
         }
     }
