@@ -13,10 +13,24 @@
      sc[G][16]    each sub-block's scale per row (Q4_K: 8 of 32 values, u8; Q6_K: 16 of 16, i8)
      mn[4][16][2] Q4_K only: mins of sub-blocks 2p, 2p+1 per row, int16 pairs
      fw[16], gw[16]  d, and -dmin (Q4_K), as fp16 bits (gw only where the type has a min)
-   The float order per output and activation row: acc = 0; per block acc = acc + ((fw*da)*is + (gw*da)*im); then
+   The float order per output and activation row: acc = 0; per block acc = acc + ((fw*da)*is [+ (gw*da)*im, types with
+   a min]); then
    + bias, with is the block's exact integer (Σ_j sc_j Σ values*acts, Q6_K's values less 32) and im = Σ_j m_j bsum_j. */
 
 #define X16_AHEAD 3 /* blocks of prefetch distance */
+
+#if defined(USE512)
+/* acc + the 4 products of each of 16 rows' bytes in V with the 4 activation bytes at p (u8 x s8, summed per row) */
+static inline __m512i x16_dot(__m512i acc, __m512i v, const int8_t *p) {
+    int32_t four;
+    memcpy(&four, p, 4);
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, v, _mm512_set1_epi32(four));
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(v, _mm512_set1_epi32(four)), _mm512_set1_epi16(1)));
+#endif
+}
+#endif
 
 static int x32_block_bytes(int type);
 
@@ -35,25 +49,34 @@ static void x16_keep_scales(int type, const uint8_t *block, uint8_t *tail, int r
     }
 }
 
-static void x16_scales(const uint8_t *tail, float *fw, float *gw, int with_min) {
+/* one block's float terms for one activation row, 16 outputs: out += (d*da)*is [+ (m*da)*im, types with a min] */
+static inline void x16_fold(const uint8_t *tail, int with_min, float da, const int32_t *is, const int32_t *im,
+                            float *out) {
 #if defined(USE512)
-    _mm512_storeu_ps(fw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail)));
-    if (with_min) _mm512_storeu_ps(gw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))));
+    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail)), _mm512_set1_ps(da)),
+                             _mm512_cvtepi32_ps(_mm512_loadu_si512(is)));
+    if (with_min)
+        t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))),
+                                                         _mm512_set1_ps(da)), _mm512_cvtepi32_ps(_mm512_loadu_si512(im))));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), t));
 #elif defined(USE256)
-    _mm256_storeu_ps(fw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tail)));
-    _mm256_storeu_ps(fw + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 16))));
-    if (with_min) {
-        _mm256_storeu_ps(gw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 32))));
-        _mm256_storeu_ps(gw + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 48))));
+    for (int h = 0; h < 2; h++) {
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 16 * h))),
+                                               _mm256_set1_ps(da)),
+                                 _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(is + 8 * h))));
+        if (with_min)
+            t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 32 + 16 * h))),
+                                                             _mm256_set1_ps(da)),
+                                               _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(im + 8 * h)))));
+        _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(_mm256_loadu_ps(out + 8 * h), t));
     }
 #else
     for (int t = 0; t < 16; t++) {
-        fw[t] = f16(tail + 2 * t);
-        if (with_min) gw[t] = f16(tail + 32 + 2 * t);
+        float v = (f16(tail + 2 * t) * da) * (float)is[t];
+        if (with_min) v = v + (f16(tail + 32 + 2 * t) * da) * (float)im[t];
+        out[t] = out[t] + v;
     }
 #endif
-    if (!with_min)
-        for (int t = 0; t < 16; t++) gw[t] = 0.0f;
 }
 
 static int x16_block_bytes(int type) {
@@ -142,16 +165,7 @@ static inline __attribute__((always_inline)) void x16_block_of(int type, int gro
         for (int64_t r = 0; r < M; r++) {
             const int8_t *a = acts->q + r * K + b * 256 + 4 * j * quads;
             __m512i S = _mm512_setzero_si512();
-            for (int qq = 0; qq < quads; qq++) {
-                int32_t four;
-                memcpy(&four, a + 4 * qq, 4);
-#if defined(__AVX512VNNI__)
-                S = _mm512_dpbusd_epi32(S, V[qq], _mm512_set1_epi32(four));
-#else
-                S = _mm512_add_epi32(S, _mm512_madd_epi16(_mm512_maddubs_epi16(V[qq], _mm512_set1_epi32(four)),
-                                                          _mm512_set1_epi16(1)));
-#endif
-            }
+            for (int qq = 0; qq < quads; qq++) S = x16_dot(S, V[qq], a + 4 * qq);
             if (type == Q6_K) S = _mm512_sub_epi32(S, _mm512_set1_epi32(32 * (int32_t)acts->sum[r * (K / 16) + b * 16 + j]));
             _mm512_storeu_si512(is + 16 * r, _mm512_add_epi32(_mm512_loadu_si512(is + 16 * r), _mm512_mullo_epi32(S, scale)));
         }
@@ -220,21 +234,14 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
             memset(acc, 0, sizeof(float) * 16 * (size_t)M);
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *o = X + (g * nb + b) * gb;
-                float fw[16], gw[16];
-                x16_scales(o + gb - x16_tail(type), fw, gw, x16_has_min(type));
+                const uint8_t *tail = o + gb - x16_tail(type);
                 /* the memory a few blocks ahead is asked for now: one block's arithmetic then hides the next one's
                    wait (a step reads each byte once, from memory, so the wait is most of it) */
                 for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, 0);
                 if (blockgemm_block_size(type) == 256) x16_block(type, o, acts, M, K, b, is, im);
                 else x32_block(type, o, acts, M, K, b, is, im);
-                for (int64_t r = 0; r < M; r++) {
-                    float da = acts->d[r * nb + b], *out = acc + 16 * r;
-                    const int32_t *i1 = is + 16 * r, *i2 = im + 16 * r;
-                    for (int t = 0; t < 16; t++) {
-                        float f = fw[t] * da, h = gw[t] * da;
-                        out[t] = out[t] + (f * (float)i1[t] + h * (float)i2[t]);
-                    }
-                }
+                for (int64_t r = 0; r < M; r++)
+                    x16_fold(tail, x16_has_min(type), acts->d[r * nb + b], is + 16 * r, im + 16 * r, acc + 16 * r);
             }
             for (int64_t r = 0; r < M; r++)
                 for (int t = 0; t < 16; t++) {
