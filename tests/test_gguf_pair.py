@@ -66,3 +66,12 @@ def test_every_kind_of_round_gives_the_targets_own_tokens(gguf_pair, gguf_runs, 
     assert spec.tokens == base.tokens, f"speculative: {spec.text!r}\nbaseline:    {base.text!r}"
     if kind != "hybrid":  # the hybrid may find nothing to remember on a fresh memory and draft with the model alone
         assert spec.accepted > 0
+
+
+def test_the_class_executor_may_share_the_gguf_targets_passes(gguf_pair):
+    """The server's load-time check (serve.exact): every linear shape's rows alone and in passes of up to 128 rows,
+    and whole passes of several runs, give the same bits: a class's runs may share the target's passes."""
+    from specviz.serve import exact
+
+    found = exact.batch_exactness(gguf_pair.target)
+    assert found.exact, found.reason

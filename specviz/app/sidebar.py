@@ -206,7 +206,10 @@ def precision_select(sb: Any, pair: str) -> None:
         return label + (f" · ≈ {cost / 1e9:.1f} GB" if cost else "")
 
     sb.selectbox("Target precision", (AUTO, *TARGET_PRECISIONS), key=K + "precision", format_func=title, persist_state="session",
-                 help="fp32 keeps speculative greedy output identical to the target alone, and so does fp16w: the "
+                 help="gguf runs the model on its file's own 4-, 5-, 6- and 8-bit blocks (named GGUF pairs): a third of "
+                 "fp16w's memory and bytes a step, each token's row still computed the same way alone as in a verify "
+                 "pass, so greedy output stays identical. "
+                 "fp32 keeps speculative greedy output identical to the target alone, and so does fp16w: the "
                  "weights stored in half precision (half the memory), every sum still in fp32, each token's row "
                  "computed the same way in a verify pass as in a one-token step. bf16 and int8 halve or "
                  "quarter the memory (and are faster on CPUs with bf16 / int8 instructions), but a verify pass and "

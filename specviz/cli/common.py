@@ -70,14 +70,15 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
     """--target-precision and --draft-precision (default: chosen at load by a quick measurement)."""
     p.add_argument(
         "--target-precision", choices=limits.TARGET_PRECISIONS, default=None,
-        help="precision of the target: fp32 and fp16w (fp16 weights, fp32 arithmetic; CPUs with fbgemm) keep greedy "
+        help="precision of the target: gguf (a named GGUF pair on its file's own blocks, blockgemm), fp32 and fp16w "
+        "(fp16 weights, fp32 arithmetic; CPUs with fbgemm) keep greedy "
         "output identical to the target alone; bf16 and int8 are smaller (and faster with native bf16 / int8) but not "
         "bit-exact (default: fp16w where it works and fp32 is not clearly faster here, else fp32 where it fits in memory)",
     )
     p.add_argument(
         "--draft-precision", choices=limits.DRAFT_PRECISIONS, default=None,
-        help="precision of the draft model; never changes the output (default: the faster of int8 and bf16 "
-        "measured here, fp32 for pairs int8 cannot cover)",
+        help="precision of the draft model; never changes the output (default: gguf beside a gguf target, else the "
+        "faster of int8 and bf16 measured here, fp32 for pairs int8 cannot cover)",
     )
 
 

@@ -215,6 +215,11 @@ class BlockLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.kernel.rows(self.qtype, self.blocks, self.in_features, ids)
 
+    def subset(self, ids: torch.Tensor) -> "BlockLinear":
+        """A layer of only the rows `ids` (ascending), their blocks copied as stored (a head's share of an output layer)."""
+        bias = None if self.bias is None else self.bias[ids]
+        return BlockLinear(self.blocks[ids].contiguous(), self.qtype, self.in_features, bias, self.kernel)
+
     def nbytes(self) -> int:
         held = self.blocks.numel() if self.x16 is None else self.x16.numel()
         return held + (0 if self.bias is None else 4 * self.out_features)

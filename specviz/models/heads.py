@@ -108,6 +108,7 @@ def vocabulary(pair_name: str, vocab_size: int, folder: Path | None = None) -> A
 def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
     """The checked head for this pair's target, fp32 arithmetic, eval mode (an EagleHead; fp16 matrices beside an fp16w target)."""
     from specviz.core.head import EagleHead
+    from specviz.models.blocks import BlockLinear
     from specviz.models.half import HalfLinear, half_linears
 
     tensors, vocab, man = read(pair_name, target, folder)
@@ -116,9 +117,14 @@ def load(pair_name: str, target: nn.Module, folder: Path | None = None) -> Any:
     missing = [k for k in missing if not k.startswith("lm_head.")]  # the head rows come from the target
     if missing or unexpected:
         raise HeadError(f"the head file does not fit its recipe (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    if isinstance(target.get_output_embeddings(), HalfLinear):
-        # an fp16w target: hold the head's matrices in fp16 too (fp32 arithmetic, as the target's). Nothing is
-        # lost: the file's tensors and the target's head rows are fp16 values already; a draft step then
+    out = target.get_output_embeddings()
+    if isinstance(out, BlockLinear):
+        # a gguf target: the head's rows of its output layer as the file holds them (32,768 Q6_K rows: 41 MB where
+        # fp32 held 201 MB), so that a draft step reads a fifth of the bytes; a draft never changes the output
+        head.lm_head = out.subset(vocab.ids)
+    if isinstance(out, (HalfLinear, BlockLinear)):
+        # an fp16w (or gguf) target: hold the head's own matrices in fp16 (fp32 arithmetic, as the target's). Nothing
+        # is lost: the file's tensors and the target's head rows are fp16 values already; a draft step then
         # streams half the bytes (the 32,768 head rows alone are 201 MB in fp32)
         half_linears(head)
     return head.eval()

@@ -287,6 +287,9 @@ def choose(
                 f"target bf16: the fp32 pair needs {_gb(target_fp32_bytes + draft_fp32_bytes)} of {_gb(pr.ram_bytes)}"
             )
     chosen_draft = draft
+    if chosen_draft is None and chosen_target == "gguf":  # a target on its file's blocks: the draft on its own file's
+        chosen_draft = "gguf"
+        why.append("draft gguf: its own GGUF file's blocks, as the target")
     if chosen_draft is None:
         chosen_draft = _fastest_draft(pr, draft_fallback)
         why.append(f"draft {chosen_draft}: " + ("half precision on CUDA" if device == "cuda" else
