@@ -75,3 +75,46 @@ def test_the_class_executor_may_share_the_gguf_targets_passes(gguf_pair):
 
     found = exact.batch_exactness(gguf_pair.target)
     assert found.exact, found.reason
+
+
+def _logits(pair, text: str):
+    import torch
+
+    ids = torch.tensor([pair.tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        return pair.target(ids).logits[0]  # (positions, V)
+
+
+def _assert_same_model(ours, theirs) -> None:
+    """The same next token at most positions, and wherever not a near tie in the reference (its two candidates less
+    than one logit apart); the logits apart by a few hundredths of their range, as the int8 activations round. A
+    tensor put in the wrong place or rows in the wrong order are far off all three."""
+    import torch
+
+    pick, ref = ours.argmax(-1), theirs.argmax(-1)
+    assert (pick == ref).float().mean().item() >= 0.8
+    rows = torch.arange(len(ref))
+    gaps = theirs[rows, ref] - theirs[rows, pick]  # 0 where they agree
+    assert (gaps < 1.0).all(), gaps
+    spread = (theirs.max(-1).values - theirs.min(-1).values).mean().item()
+    assert (ours - theirs).abs().mean().item() < 0.05 * spread
+    assert torch.isfinite(ours).all()
+
+
+def test_the_blocks_are_the_files_model_as_transformers_reads_it():
+    """The SmolLM2 target on its file's Q4_1 blocks is the model transformers dequantizes from the same file (Llama's
+    q/k rows reordered as transformers does)."""
+    from specviz.models import load_pair
+
+    text = "def fibonacci(n):\n    if n <= 1:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)"
+    _assert_same_model(*(_logits(load_pair("smollm2-135m", target_precision=p), text) for p in ("gguf", "fp32")))
+
+
+def test_the_qwen_targets_blocks_are_the_fp16w_targets_model(gguf_pair, qwen_pair):
+    """The same check on the default pair: its gguf target against the fp16-weight target made from the same file.
+    From the second position on: Qwen's first position carries the attention sink, one channel some 600 times the
+    others (3,700 against a median of 6 from layer 5 on), so int8 with one scale per 256 values keeps little of the
+    rest of its block and that position's own next-token guess moves (5.7 logits here); every later position still
+    agrees, and the engine compares a gguf target with itself, never with fp16w."""
+    text = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+    _assert_same_model(_logits(gguf_pair, text)[1:], _logits(qwen_pair, text)[1:])

@@ -93,6 +93,23 @@ static void quantize_row(const float *x, int64_t k, int bs, int8_t *q, int16_t *
     }
 }
 
+/* the M rows of x quantized into `acts` (freed by acts_free, also after a failure); 0, or -1 without memory */
+static int acts_of(const float *x, int64_t M, int64_t K, int bs, Acts *acts) {
+    acts->q = malloc((size_t)(M * K));
+    acts->sum = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
+    acts->d = malloc(sizeof(float) * (size_t)(M * (K / bs)));
+    if (!acts->q || !acts->sum || !acts->d) return -1;
+    for (int64_t r = 0; r < M; r++)
+        quantize_row(x + r * K, K, bs, acts->q + r * K, acts->sum + r * (K / 16), acts->d + r * (K / bs));
+    return 0;
+}
+
+static void acts_free(Acts *acts) {
+    free(acts->q);
+    free(acts->sum);
+    free(acts->d);
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
    Vector paths: each block unpacked once into registers (its values in natural order, its scales as int16
    lanes), then used for every activation row.
@@ -428,13 +445,7 @@ int blockgemm_linear(int type, const uint8_t *W, int64_t row_bytes, int64_t N, i
     if (!bs || K % bs || row_bytes != K / bs * blockgemm_block_bytes(type) || M < 1 || N < 1) return -1;
     int64_t nb = K / bs;
     Acts acts;
-    acts.q = malloc((size_t)(M * K));
-    acts.sum = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
-    acts.d = malloc(sizeof(float) * (size_t)(M * nb));
-    int failed = !acts.q || !acts.sum || !acts.d;
-    if (!failed)
-        for (int64_t r = 0; r < M; r++)
-            quantize_row(x + r * K, K, bs, acts.q + r * K, acts.sum + r * (K / 16), acts.d + r * nb);
+    int failed = acts_of(x, M, K, bs, &acts);
 #pragma omp parallel if (!failed)
     {
         float *acc = failed ? NULL : malloc(sizeof(float) * (size_t)(M * LANES));
@@ -447,31 +458,18 @@ int blockgemm_linear(int type, const uint8_t *W, int64_t row_bytes, int64_t N, i
             if (acc) row_times_acts(type, W + n * row_bytes, nb, &acts, M, K, y + n, ldy, bias ? bias + n : NULL, acc);
         free(acc);
     }
-    free(acts.q);
-    free(acts.sum);
-    free(acts.d);
+    acts_free(&acts);
     return failed ? -1 : 0;
 }
 
-/* blockgemm_linear for a matrix repacked by blockgemm_repack_x16 (Q4_K, Q6_K; N a multiple of 16) */
+/* blockgemm_linear for a matrix repacked by blockgemm_repack_x16 (every type but Q5_K; N a multiple of 16) */
 int blockgemm_linear_x16(int type, const uint8_t *X, int64_t N, int64_t K, const float *x, int64_t M, const float *bias,
                          float *y, int64_t ldy) {
     if (!blockgemm_x16_size(type, N, K) || M < 1) return -1;
     int bs = blockgemm_block_size(type);
-    int64_t nb = K / bs;
     Acts acts;
-    acts.q = malloc((size_t)(M * K));
-    acts.sum = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
-    acts.d = malloc(sizeof(float) * (size_t)(M * nb));
-    int failed = !acts.q || !acts.sum || !acts.d;
-    if (!failed) {
-        for (int64_t r = 0; r < M; r++)
-            quantize_row(x + r * K, K, bs, acts.q + r * K, acts.sum + r * (K / 16), acts.d + r * nb);
-        failed = x16_linear(type, X, N, nb, &acts, M, K, bias, y, ldy);
-    }
-    free(acts.q);
-    free(acts.sum);
-    free(acts.d);
+    int failed = acts_of(x, M, K, bs, &acts) || x16_linear(type, X, N, K / bs, &acts, M, K, bias, y, ldy);
+    acts_free(&acts);
     return failed ? -1 : 0;
 }
 

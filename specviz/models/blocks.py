@@ -132,21 +132,27 @@ def random_blocks(kern: BlockKernel, qtype: int, n: int, k: int, gen: torch.Gene
 
 def checks_pass(kern: BlockKernel) -> bool:
     """Each type once against the float reference (the blocks dequantized by the kernel itself, the activations
-    quantized as it does), and each row's bits alone vs among others: checked once per process before any model."""
+    quantized as it does), as stored and 16 rows side by side, and each row's bits alone vs among others: checked
+    once per process before any model."""
     gen = torch.Generator().manual_seed(0)
     for name in ("Q4_K", "Q6_K", "Q8_0", "Q4_0"):
         qtype = TYPES[name]
         bs = kern.block_size(qtype)
-        n, k = 37, 2 * max(bs, 256)
+        n, k = 48, 2 * max(bs, 256)
         blocks = random_blocks(kern, qtype, n, k, gen)
         x = torch.randn(11, k, generator=gen)
-        out = kern.linear(qtype, blocks, k, x, None)
         weight = kern.rows(qtype, blocks, k, torch.arange(n))
-        if not within_quantized_bound(out, x, weight, bs):
+        side = kern.x16(qtype, blocks, k)
+        if side is None:
             return False
-        alone = torch.cat([kern.linear(qtype, blocks, k, x[i : i + 1].contiguous(), None) for i in range(len(x))])
-        if not (torch.equal(alone, out) and torch.equal(kern.linear(qtype, blocks, k, x[3:9].contiguous(), None), out[3:9])):
-            return False
+        for run in (lambda rows: kern.linear(qtype, blocks, k, rows, None),
+                    lambda rows: kern.linear_x16(qtype, side, n, k, rows, None)):
+            out = run(x)
+            if not within_quantized_bound(out, x, weight, bs):
+                return False
+            alone = torch.cat([run(x[i : i + 1].contiguous()) for i in range(len(x))])
+            if not (torch.equal(alone, out) and torch.equal(run(x[3:9].contiguous()), out[3:9])):
+                return False
     return True
 
 
@@ -174,17 +180,7 @@ def within_quantized_bound(out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
 def kernel(isa: str = "native") -> BlockKernel | None:
     """The kernel of this path built for this machine, loaded and checked once per process; None where it cannot be
     had here (no compiler, a failed build or check, SPECVIZ_BLOCKGEMM=0)."""
-    if os.environ.get(_ENV_OFF, "1").strip() == "0":
-        return None
-    try:
-        path = build(isa)
-        if path is None:
-            return None
-        kern = load(path)
-        with torch.no_grad():
-            return kern if checks_pass(kern) else None
-    except (OSError, AttributeError):  # a library that does not load here, or lacks the kernel's functions
-        return None
+    return rowgemm.built_and_checked(_ENV_OFF, lambda: build(isa), load, checks_pass)
 
 
 class BlockLinear(nn.Module):

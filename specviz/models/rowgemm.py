@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -178,20 +179,26 @@ def within_sum_bound(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     return bool(((out.double() - exact).abs() <= (x.shape[1] + 2) * u * size + u * exact.abs()).all())
 
 
+def built_and_checked(off_switch: str, make: Any, load_it: Any, checks: Any) -> Any:
+    """A kernel of ours for this machine: `make()` builds it (a path, or None), `load_it(path)` loads it, `checks(kern)`
+    vouches for it; None where the switch `off_switch` is 0, or it cannot be built, loaded or trusted here."""
+    if os.environ.get(off_switch, "1").strip() == "0":
+        return None
+    try:
+        path = make()
+        if path is None:
+            return None
+        kern = load_it(path)
+        with torch.no_grad():
+            return kern if checks(kern) else None
+    except (OSError, AttributeError):  # a library that does not load here, or lacks the kernel's functions
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def kernel() -> Kernel | None:
     """The kernel built for this machine, loaded and checked once per process; None where it cannot be had here."""
-    if os.environ.get(_ENV_OFF, "1").strip() == "0":
-        return None
-    try:
-        path = build(folder())
-        if path is None:
-            return None
-        kern = load(path)
-        with torch.no_grad():
-            return kern if checks_pass(kern) else None
-    except (OSError, AttributeError):  # a library that does not load here, or lacks the kernel's functions
-        return None
+    return built_and_checked(_ENV_OFF, lambda: build(folder()), load, checks_pass)
 
 
 class Fused:
