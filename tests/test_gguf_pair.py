@@ -106,8 +106,13 @@ def test_the_blocks_are_the_files_model_as_transformers_reads_it():
     q/k rows reordered as transformers does)."""
     from specviz.models import load_pair
 
+    from specviz.models.catalogue import SMOLLM2_135M
+    from specviz.models.locate import _locate
+
     text = "def fibonacci(n):\n    if n <= 1:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)"
     _assert_same_model(*(_logits(load_pair("smollm2-135m", target_precision=p), text) for p in ("gguf", "fp32")))
+    # its gguf form links the packaged file, never moves it: the package still holds it for every other load
+    assert _locate(SMOLLM2_135M.parts[0]) is not None
 
 
 def test_the_qwen_targets_blocks_are_the_fp16w_targets_model(gguf_pair, qwen_pair):

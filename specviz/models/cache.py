@@ -97,7 +97,7 @@ def _build_gguf_form(src: GgufSource, final: Path, gguf_path: Path, report: Load
         config.save_pretrained(tmp)
         GenerationConfig.from_model_config(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        _place_file(gguf_path, tmp / gguf_model.GGUF_FILE)
+        _place_file(gguf_path, tmp / gguf_model.GGUF_FILE, joined=len(src.parts) > 1)
         _write_manifest(tmp, src, "gguf", 0)
         if final.exists():
             shutil.rmtree(final)
@@ -107,9 +107,10 @@ def _build_gguf_form(src: GgufSource, final: Path, gguf_path: Path, report: Load
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _place_file(path: Path, dest: Path) -> None:
-    """A joined file in the cache is moved (it would be deleted after the build); a packaged one is linked or copied."""
-    if path.resolve().is_relative_to(cache_dir().resolve()):
+def _place_file(path: Path, dest: Path, joined: bool) -> None:
+    """A file joined from parts is moved in (_verified_gguf deletes its temporary copy after the build); a whole file
+    in a package, installed or fetched into the cache's packages/, is linked or copied and stays where it is."""
+    if joined:
         os.replace(path, dest)
         return
     try:
