@@ -7,7 +7,7 @@
    How, and why each row's bits never depend on its neighbours:
    - each activation row is quantized alone to int8, one scale per block of the weight's block size (256 for the
      K types, 32 for the others), with the bsums of every 16 values (as ggml's q8_K / q8_0);
-   - a weight row is unpacked once per call into small buffers (its 4/5/6/8-bit values as bytes, the sub-block
+   - each weight block is unpacked once per call into registers (its 4/5/6/8-bit values as bytes, the sub-block
      scales as int16 lanes, the offsets and the block's float scales), then used for every activation row;
    - one block's dot product is an integer sum: exact, so the vector width and the order of the adds cannot
      change it, and every path (AVX-512, AVX2, portable C) gives the same integer;
@@ -19,6 +19,8 @@
      lanes are added pairwise at the end, then the bias. No FMA contraction (-ffp-contract=off), so the vector
      and scalar code round alike.
    So a row alone, the same row among 16 others, and the same row on another CPU's path give the same bits.
+   This is the path of matrices read as stored; blockgemm_x16.h holds the faster one models use, 16 rows side by
+   side, with its own fixed float order.
 
    Built at first use with the machine's own compiler, one shared object per instruction set (see blocks.py).
 */
@@ -125,7 +127,7 @@ typedef __m256i kvec;
 typedef struct {
     kvec w[KV], s[KV];  /* values (u8) and the scale of each pair of them (int16) */
     __m256i oi, om;     /* offsets per 16-group (int16) */
-    int has_oi, has_om;
+    int has_oi;
     float fw, gw;
 } KBlock;
 
@@ -147,7 +149,6 @@ static inline void kload_q4k(const uint8_t *x, int q5, KBlock *kb) {
     kb->om = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... m7 m7: one per 16-group */
     kb->oi = _mm256_setzero_si256();
     kb->has_oi = 0;
-    kb->has_om = 1;
     kb->fw = f16c(x);
     kb->gw = -f16c(x + 2);
     const uint8_t *qs = x + (q5 ? 48 : 16);
@@ -188,7 +189,6 @@ static inline void kload_q6k(const uint8_t *x, KBlock *kb) {
     kb->oi = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));  /* -32 * scale */
     kb->om = _mm256_setzero_si256();
     kb->has_oi = 1;
-    kb->has_om = 0;
     kb->fw = f16c(x + 208);
     kb->gw = 0.0f;
     for (int h = 0; h < 2; h++) {
@@ -248,6 +248,16 @@ static inline __m256i kdot(const KBlock *kb, const int8_t *a, const int16_t *sum
 }
 
 
+/* one K block's float terms for one row: (d*da)*lanes [+ (-dmin*da)*min lanes] */
+static inline __m256 kterm(const KBlock *kb, const int8_t *a, const int16_t *sum, float da, int mins) {
+    __m256 t = _mm256_mul_ps(_mm256_set1_ps(kb->fw * da), _mm256_cvtepi32_ps(kdot(kb, a, sum)));
+    if (mins) {
+        __m256i im = _mm256_madd_epi16(kb->om, _mm256_loadu_si256((const __m256i *)sum));
+        t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(kb->gw * da), _mm256_cvtepi32_ps(im)));
+    }
+    return t;
+}
+
 /* A block of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in a register: its values with their offset applied (q - 8, q - 16: signed
    bytes, as Q8_0's) or, for the types with a min, as stored (unsigned), and its float scales */
 typedef struct {
@@ -296,6 +306,14 @@ static inline __m256i ldot(const LBlock *lb, __m256i a) {
 static inline __m256i lsum(__m256i a) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
 }
+
+/* one 32-block's float terms for one row (its 32 activations at a): (d*da)*lanes [+ (m*da)*sum lanes] */
+static inline __m256 lterm(const LBlock *lb, const int8_t *a, float da, int mins) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)a);
+    __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb->fw * da), _mm256_cvtepi32_ps(ldot(lb, x)));
+    if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb->gw * da), _mm256_cvtepi32_ps(lsum(x))));
+    return t;
+}
 #endif /* vector paths */
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -315,6 +333,7 @@ static inline float lanes_total(const float *acc) {
 
 static int has_min(int type) { return type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K; }
 
+#if !defined(USE512) && !defined(USE256)
 /* the portable path: one unpacked block against one row, as 8 lane integers */
 static void lanes_of(int bs, int is_signed, const uint8_t *w, const int16_t *s, const int16_t *oi, const int16_t *om,
                      const int8_t *a, const int16_t *sum, int32_t *is, int32_t *im) {
@@ -334,6 +353,7 @@ static void lanes_of(int bs, int is_signed, const uint8_t *w, const int16_t *s, 
             im[i / 4] += (int32_t)om[i / 16] * a[i];
         }
 }
+#endif
 
 #if defined(USE512) || defined(USE256)
 /* One weight row against one activation row (a step): the same terms in the same order as row_times_acts, the lane
@@ -346,24 +366,13 @@ static float row_times_one(int type, const uint8_t *row, int64_t nb, const Acts 
             KBlock kb;
             if (type == Q6_K) kload_q6k(row + b * bb, &kb);
             else kload_q4k(row + b * bb, type == Q5_K, &kb);
-            const int16_t *sum = acts->sum + b * 16;
-            float da = acts->d[b];
-            __m256 t = _mm256_mul_ps(_mm256_set1_ps(kb.fw * da), _mm256_cvtepi32_ps(kdot(&kb, acts->q + b * 256, sum)));
-            if (mins) {
-                __m256i im = _mm256_madd_epi16(kb.om, _mm256_loadu_si256((const __m256i *)sum));
-                t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(kb.gw * da), _mm256_cvtepi32_ps(im)));
-            }
-            acc = _mm256_add_ps(acc, t);
+            acc = _mm256_add_ps(acc, kterm(&kb, acts->q + b * 256, acts->sum + b * 16, acts->d[b], mins));
         }
     else
         for (int64_t b = 0; b < nb; b++) {
             LBlock lb;
             lload(type, row + b * bb, &lb);
-            __m256i a = _mm256_loadu_si256((const __m256i *)(acts->q + b * 32));
-            float da = acts->d[b];
-            __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb.fw * da), _mm256_cvtepi32_ps(ldot(&lb, a)));
-            if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb.gw * da), _mm256_cvtepi32_ps(lsum(a))));
-            acc = _mm256_add_ps(acc, t);
+            acc = _mm256_add_ps(acc, lterm(&lb, acts->q + b * 32, acts->d[b], mins));
         }
     float lanes[LANES];
     _mm256_storeu_ps(lanes, acc);
@@ -392,23 +401,14 @@ static void row_times_acts(int type, const uint8_t *row, int64_t nb, const Acts 
             if (type == Q6_K) kload_q6k(x, &kb);
             else kload_q4k(x, type == Q5_K, &kb);
             for (int64_t r = 0; r < M; r++) {
-                const int16_t *sum = acts->sum + r * (K / 16) + b * 16;
-                float da = acts->d[r * nb + b];
-                __m256 t = _mm256_mul_ps(_mm256_set1_ps(kb.fw * da), _mm256_cvtepi32_ps(kdot(&kb, acts->q + r * K + b * 256, sum)));
-                if (mins) {
-                    __m256i im = _mm256_madd_epi16(kb.om, _mm256_loadu_si256((const __m256i *)sum));
-                    t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(kb.gw * da), _mm256_cvtepi32_ps(im)));
-                }
+                __m256 t = kterm(&kb, acts->q + r * K + b * 256, acts->sum + r * (K / 16) + b * 16, acts->d[r * nb + b], mins);
                 _mm256_storeu_ps(acc + r * LANES, _mm256_add_ps(_mm256_loadu_ps(acc + r * LANES), t));
             }
         } else {
             LBlock lb;
             lload(type, x, &lb);
             for (int64_t r = 0; r < M; r++) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)(acts->q + r * K + b * 32));
-                float da = acts->d[r * nb + b];
-                __m256 t = _mm256_mul_ps(_mm256_set1_ps(lb.fw * da), _mm256_cvtepi32_ps(ldot(&lb, a)));
-                if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(lb.gw * da), _mm256_cvtepi32_ps(lsum(a))));
+                __m256 t = lterm(&lb, acts->q + r * K + b * 32, acts->d[r * nb + b], mins);
                 _mm256_storeu_ps(acc + r * LANES, _mm256_add_ps(_mm256_loadu_ps(acc + r * LANES), t));
             }
         }

@@ -89,40 +89,46 @@ int64_t blockgemm_x16_size(int type, int64_t n, int64_t k) {
     return n / 16 * (k / bs) * x16_block_bytes(type);
 }
 
-static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out);
+static void x32_place(int type, uint8_t *o, int r, const uint8_t *w);
 
-/* the file's rows (n, row_bytes) into the side-by-side layout; 0, or -1 where the type or shape has none */
+/* one row's unpacked K block into its group's block: the values' nibbles (and Q6_K's top bits), the scales, the mins */
+static void x16_place_k(int type, uint8_t *o, int r, const uint8_t *w, const int16_t *s, const int16_t *om) {
+    uint8_t *nib = o, *hi2 = o + 2048, *sc = o + (type == Q6_K ? 3072 : 2048);
+    int16_t *mn = (int16_t *)(o + 2048 + 128);
+    for (int kk = 0; kk < 256; kk++) {
+        int q = kk / 4, i = kk % 4;
+        nib[(q / 2) * 64 + 4 * r + i] |= (uint8_t)((w[kk] & 0xF) << (4 * (q % 2)));
+        if (type == Q6_K) hi2[(q / 4) * 64 + 4 * r + i] |= (uint8_t)((w[kk] >> 4) << (2 * (q % 4)));
+    }
+    if (type == Q4_K)
+        for (int j = 0; j < 8; j++) {
+            sc[j * 16 + r] = (uint8_t)s[16 * j];
+            mn[((j / 2) * 16 + r) * 2 + j % 2] = om[2 * j];
+        }
+    else
+        for (int j = 0; j < 16; j++) sc[j * 16 + r] = (uint8_t)(int8_t)s[8 * j];
+}
+
+/* the file's rows (n, row_bytes) into the side-by-side layout: each row's block unpacked as the portable path reads
+   it, placed beside its group's other 15, its float scales kept; 0, or -1 where the type or shape has none */
 int blockgemm_repack_x16(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out) {
-    if (!blockgemm_x16_size(type, n, k) || row_bytes != k / blockgemm_block_size(type) * blockgemm_block_bytes(type)) return -1;
-    if (blockgemm_block_size(type) == 32) return x32_repack(type, W, row_bytes, n, k, out);
-    int64_t nb = k / 256, gb = x16_block_bytes(type);
+    int bs = blockgemm_block_size(type), bb = blockgemm_block_bytes(type);
+    if (!blockgemm_x16_size(type, n, k) || row_bytes != k / bs * bb) return -1;
+    int64_t nb = k / bs, gb = x16_block_bytes(type);
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < n / 16; g++) {
         uint8_t w[256];
         int16_t s[128], oi[16], om[16];
         float fw, gw;
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = out + (g * nb + b) * gb, *nib = o, *hi2 = o + 2048;
-            uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
-            int16_t *mn = (int16_t *)(o + 2048 + 128);
-            uint8_t *f = o + gb - x16_tail(type);
-            if (type == Q6_K) memset(hi2, 0, 1024);
+            uint8_t *o = out + (g * nb + b) * gb;
+            memset(o, 0, (size_t)(gb - x16_tail(type)));
             for (int r = 0; r < 16; r++) {
-                unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om, &fw, &gw);
-                for (int kk = 0; kk < 256; kk++) {
-                    int q = kk / 4, i = kk % 4, byte = (q / 2) * 64 + 4 * r + i;
-                    if (q % 2 == 0) nib[byte] = (uint8_t)(w[kk] & 0xF);
-                    else nib[byte] |= (uint8_t)((w[kk] & 0xF) << 4);
-                    if (type == Q6_K) hi2[(q / 4) * 64 + 4 * r + i] |= (uint8_t)((w[kk] >> 4) << (2 * (q % 4)));
-                }
-                if (type == Q4_K)
-                    for (int j = 0; j < 8; j++) {
-                        sc[j * 16 + r] = (uint8_t)s[16 * j];
-                        mn[((j / 2) * 16 + r) * 2 + j % 2] = om[2 * j];
-                    }
-                else
-                    for (int j = 0; j < 16; j++) sc[j * 16 + r] = (uint8_t)(int8_t)s[8 * j];
-                x16_keep_scales(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), f, r);
+                const uint8_t *x = W + (g * 16 + r) * row_bytes + b * bb;
+                unpack_block(type, x, w, s, oi, om, &fw, &gw);
+                if (bs == 256) x16_place_k(type, o, r, w, s, om);
+                else x32_place(type, o, r, w);
+                x16_keep_scales(type, x, o + gb - x16_tail(type), r);
             }
         }
     }
@@ -212,10 +218,10 @@ static void x16_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
     else x16_block_of(Q4_K, 8, 8, o, acts, M, K, b, is, im);
 }
 
-/* y (M, ldy) = x @ W.T + bias, W repacked (n rows); threads split the groups of 16 rows */
 static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
                       int32_t *im);
 
+/* y (M, ldy) = x @ W.T + bias, W repacked (n rows); threads split the groups of 16 rows */
 static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
                       const float *bias, float *y, int64_t ldy) {
     int64_t gb = x16_block_bytes(type);
@@ -278,33 +284,16 @@ static int x32_block_bytes(int type) {
 
 static int x32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0; }
 
-static int x32_repack(int type, const uint8_t *W, int64_t row_bytes, int64_t n, int64_t k, uint8_t *out) {
-    int64_t nb = k / 32, gb = x32_block_bytes(type);
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n / 16; g++) {
-        uint8_t w[256];
-        int16_t s[128], oi[16], om[16];
-        float fw, gw;
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = out + (g * nb + b) * gb, *hb = o + 256;
-            uint8_t *f = o + gb - x16_tail(type);
-            memset(o, 0, (size_t)(gb - x16_tail(type)));
-            for (int r = 0; r < 16; r++) {
-                unpack_block(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), w, s, oi, om,
-                             &fw, &gw);
-                for (int kk = 0; kk < 32; kk++) {
-                    int q = kk / 4, byte = 4 * r + kk % 4;
-                    if (type == Q8_0) o[q * 64 + byte] = (uint8_t)((int)(int8_t)w[kk] + 128);
-                    else {
-                        o[(q / 2) * 64 + byte] |= (uint8_t)((w[kk] & 0xF) << (4 * (q % 2)));
-                        if (type == Q5_0 || type == Q5_1) hb[byte] |= (uint8_t)(((w[kk] >> 4) & 1) << q);
-                    }
-                }
-                x16_keep_scales(type, W + (g * 16 + r) * row_bytes + b * blockgemm_block_bytes(type), f, r);
-            }
+/* one row's unpacked 32-block into its group's block: Q8_0's bytes (+128), else the nibbles and Q5's fifth bits */
+static void x32_place(int type, uint8_t *o, int r, const uint8_t *w) {
+    for (int kk = 0; kk < 32; kk++) {
+        int q = kk / 4, byte = 4 * r + kk % 4;
+        if (type == Q8_0) o[q * 64 + byte] = (uint8_t)((int)(int8_t)w[kk] + 128);
+        else {
+            o[(q / 2) * 64 + byte] |= (uint8_t)((w[kk] & 0xF) << (4 * (q % 2)));
+            if (type == Q5_0 || type == Q5_1) o[256 + byte] |= (uint8_t)(((w[kk] >> 4) & 1) << q);
         }
     }
-    return 0;
 }
 
 /* the block's integers for every activation row, 16 outputs each (is, im: (M, 16)); values unpacked once */
@@ -327,20 +316,14 @@ static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
         int32_t bsum = (int32_t)sum[0] + sum[1];
         __m512i S = _mm512_setzero_si512();
         for (int q = 0; q < 8; q++) {
-            int32_t four;
-            memcpy(&four, a + 4 * q, 4);
-#if defined(__AVX512VNNI__)
-            S = _mm512_dpbusd_epi32(S, V[q], _mm512_set1_epi32(four));
-#else
-            if (type == Q8_0) { /* bytes up to 255: two nibble halves, no int16 overflow in maddubs */
+#if !defined(__AVX512VNNI__)
+            if (type == Q8_0) { /* bytes up to 255 would overflow maddubs' int16 pairs: the two nibble halves apart */
                 __m512i lo = _mm512_and_si512(V[q], m4), hi = _mm512_and_si512(_mm512_srli_epi16(V[q], 4), m4);
-                __m512i x = _mm512_set1_epi32(four), ones = _mm512_set1_epi16(1);
-                S = _mm512_add_epi32(S, _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, x), ones),
-                                                         _mm512_slli_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(hi, x), ones), 4)));
-            } else
-                S = _mm512_add_epi32(S, _mm512_madd_epi16(_mm512_maddubs_epi16(V[q], _mm512_set1_epi32(four)),
-                                                          _mm512_set1_epi16(1)));
+                S = _mm512_add_epi32(x16_dot(S, lo, a + 4 * q), _mm512_slli_epi32(x16_dot(_mm512_setzero_si512(), hi, a + 4 * q), 4));
+                continue;
+            }
 #endif
+            S = x16_dot(S, V[q], a + 4 * q);
         }
         _mm512_storeu_si512(is + 16 * r, _mm512_sub_epi32(S, _mm512_set1_epi32(off * bsum)));
         _mm512_storeu_si512(im + 16 * r, _mm512_set1_epi32(mins ? bsum : 0));

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +175,17 @@ def within_quantized_bound(out: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     return bool(((out.double() - exact).abs() <= 1e-5 * size + 1e-30).all())
 
 
+def required_kernel() -> BlockKernel:
+    """This CPU's kernel, or a PairError saying why the gguf precision cannot run here."""
+    from specviz.models.base import PairError
+
+    kern = kernel()
+    if kern is None:
+        raise PairError("the gguf precision needs blockgemm, which could not be built or failed its checks here "
+                        "(no C compiler, or SPECVIZ_BLOCKGEMM=0): choose fp16w or fp32")
+    return kern
+
+
 @functools.lru_cache(maxsize=4)
 def kernel(isa: str = "native") -> BlockKernel | None:
     """The kernel of this path built for this machine, loaded and checked once per process; None where it cannot be
@@ -276,11 +286,7 @@ class FusedBlocks:
     def __call__(self, x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
         rows = x.reshape(-1, self.in_features).float().contiguous()
         y = self.kernel.linear_x16(self.qtype, self.x16, sum(self.widths), self.in_features, rows, self.bias)
-        outs, start = [], 0
-        for w in self.widths:  # each its own contiguous tensor, as a layer's own call returns
-            outs.append(y[:, start : start + w].contiguous().reshape(*x.shape[:-1], w))
-            start += w
-        return outs
+        return rowgemm.split_columns(y, x.shape[:-1], self.widths, self.widths)
 
 
 def fuse(model: nn.Module) -> int:

@@ -8,6 +8,7 @@ tensor and one shard; when it exits, all of it goes back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,30 +83,19 @@ def _build_from_gguf(src: GgufSource, form: Form, final: Path, gguf_path: Path, 
 def _build_gguf_form(src: GgufSource, final: Path, gguf_path: Path, report: LoadProgress) -> None:
     """The gguf form: the verified file itself (moved in where it was joined in the cache, else linked or copied),
     its config, tokenizer and tensor table; nothing is dequantized."""
-    from transformers import GenerationConfig
-
     from specviz.models import gguf_model
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
-    os.chmod(tmp, 0o755)
-    try:  # one parse of the file's metadata for the tokenizer, the config and the table (each parsed it again: ~7 s)
+    with _temp_folder(final) as tmp:
+        # one parse of the file's metadata for the tokenizer, the config and the table (each parsed it again: ~7 s)
         with _oom_as_pair_error(src.title), stream.one_gguf_reader(gguf_path):
             report(0.0, f"{src.title}: reading the tokenizer from GGUF")
             tokenizer = _gguf_tokenizer(gguf_path)
             report(0.5, f"{src.title}: reading the model's settings and tensor table")
             config = stream.gguf_config(gguf_path)
             gguf_model.write_table(gguf_path, tmp / gguf_model.TABLE)
-        config.save_pretrained(tmp)
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
         _place_file(gguf_path, tmp / gguf_model.GGUF_FILE, joined=len(src.parts) > 1)
-        _write_manifest(tmp, src, "gguf", 0)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _publish(tmp, final, config, tokenizer, src, "gguf", 0)
         report(1.0, f"{src.title}: cached as its GGUF file ({_folder_gb(final):.2f} GB)")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _place_file(path: Path, dest: Path, joined: bool) -> None:
@@ -243,25 +234,39 @@ def _write_cache(tensors: stream.Tensors, count: int, config: Any, tokenizer: An
     written in shards that are read back and checked (stream.write_shards): the peak memory is about one
     shard and one tensor, never a whole fp32 model (the 1.5B target's is 7 GB).
     """
-    from transformers import GenerationConfig
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder once renamed
-    try:
+    with _temp_folder(final) as tmp:
         with _oom_as_pair_error(src.title), torch.no_grad():
             lay = stream.layout(config, form)
             say = lambda f, m: report(0.95 * f, f"{src.title}: {m}")  # noqa: E731
             checked = stream.write_shards(tensors, lay, tmp, count, say)
-        config.save_pretrained(tmp)
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _write_manifest(tmp, src, form, checked)
-        if final.exists():  # stale or incomplete: replace (we hold the lock)
-            shutil.rmtree(final)
-        os.replace(tmp, final)  # atomic: a cache folder is complete or absent
+        _publish(tmp, final, config, tokenizer, src, form, checked)
         report(1.0, f"{src.title}: cached in {form} ({_folder_gb(final):.1f} GB)")
+
+
+@contextlib.contextmanager
+def _temp_folder(final: Path) -> Iterator[Path]:
+    """A folder to build `final` in, beside it in the cache; removed afterwards whatever happens (a finished one has
+    been renamed into place by then)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir()))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder once renamed
+    try:
+        yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, final: Path, config: Any, tokenizer: Any, src: GgufSource, form: Form, checked: int) -> None:
+    """The model's settings and tokenizer beside its weights, the manifest last (it vouches for the rest), then the
+    folder renamed into place: atomic, so a cache folder is complete or absent."""
+    from transformers import GenerationConfig
+
+    config.save_pretrained(tmp)
+    GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    _write_manifest(tmp, src, form, checked)
+    if final.exists():  # stale or incomplete: replace (we hold the lock)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
 
 
 def write_model_cache(model: nn.Module, tokenizer: Any, src: GgufSource, form: Form, final: Path,

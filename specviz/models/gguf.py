@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from specviz.models import blocks, cache, gguf_model, rowgemm  # cache.ensure_cached is looked up at each call (tests replace it)
-from specviz.models.base import LoadProgress, PairError, _span
+from specviz.models.base import LoadProgress, _span
 from specviz.models.cached import _load_cached_model, _load_cached_tokenizer
 from specviz.models.catalogue import GgufSource
 from specviz.models.stream import Form
@@ -42,23 +42,14 @@ def _load_gguf_pair(
     draft_dir = cache.ensure_cached(draft_src, _span(report, 0.6, 0.85), draft_form)
     report(0.86, f"loading {draft_src.title} (draft) from the cache")
     if draft_form == "gguf":  # the file's own blocks, mapped: nothing to finish
-        draft = gguf_model.load_model(draft_dir, draft_src.title, _block_kernel())
+        draft = gguf_model.load_model(draft_dir, draft_src.title, blocks.required_kernel())
     else:
         # its own copy: safe to quantize; with draft_int8_kernel, its int8 layers come straight in rowgemm's form
         draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype, int8_kernel=draft_int8_kernel))
     report(0.9, f"loading {target_src.title} from the cache")
     tokenizer = _load_cached_tokenizer(target_dir)
     if target_form == "gguf":
-        target = gguf_model.load_model(target_dir, target_src.title, _block_kernel())
+        target = gguf_model.load_model(target_dir, target_src.title, blocks.required_kernel())
     else:
         target = _load_cached_model(target_dir, target_src.title, target_dtype, half=target_form == "fp16w")
     return tokenizer, target, draft
-
-
-def _block_kernel() -> blocks.BlockKernel:
-    """blockgemm for this CPU, or why the gguf precision cannot run here."""
-    kern = blocks.kernel()
-    if kern is None:
-        raise PairError("the gguf precision needs blockgemm, which could not be built or failed its checks here "
-                        "(no C compiler, or SPECVIZ_BLOCKGEMM=0): choose fp16w or fp32")
-    return kern

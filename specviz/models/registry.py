@@ -238,7 +238,7 @@ def load_pair(
         target, draft = _to_device(target, dev), _to_device(draft, dev)
         kernels = ""
         if choice.target == "gguf":
-            kernels = f"blockgemm {blocks.kernel().isa}: the linears on the GGUF file's own blocks"  # loaded: it exists
+            kernels = f"blockgemm {blocks.required_kernel().isa}: the linears on the GGUF file's own blocks"
         if choice.target == "fp16w":
             report(0.97, "checking the fp16-weight layers give each row the same bits at any pass size")
             if not half.rows_agree(target):
@@ -300,9 +300,8 @@ def choose_precisions(
         raise PairError(f"{target} runs on CPU only (torch's fbgemm kernels): use fp32 or bf16 on CUDA")
     if "gguf" in (target, draft) and (device != "cpu" or name not in _PAIR_SOURCES):
         raise PairError("gguf runs a named GGUF pair's own file on a CPU (blockgemm): choose fp16w or fp32 here")
-    if "gguf" in (target, draft) and blocks.kernel() is None:  # said before any cache is built for it
-        raise PairError("the gguf precision needs blockgemm, which could not be built or failed its checks here "
-                        "(no C compiler, or SPECVIZ_BLOCKGEMM=0): choose fp16w or fp32")
+    if "gguf" in (target, draft):
+        blocks.required_kernel()  # its refusal said before any cache is built for it
     if device == "cuda" and draft == "int8":
         draft = None  # as before: a CUDA draft gets the device's own choice (half precision)
     t_params, t_embed, d_params, d_embed = _PARAMS.get(name, (0, 0, 0, 0))

@@ -239,13 +239,19 @@ class Fused:
         rows = x.reshape(-1, x.shape[-1]).float().contiguous()
         bias, scale = self.bias_scale()
         y = self.kernel.linear(rows, self.panels, sum(self.sizes), bias, scale)  # (M, sum of widths)
-        outs, start = [], 0
-        for n, w in zip(self.sizes, self.widths):
-            # each its own contiguous tensor, as a layer's own call returns: a strided slice can send an elementwise op
-            # such as SiLU down another code path (a scalar exp in place of the vector one: other last bits)
-            outs.append(y[:, start : start + w].contiguous().reshape(*x.shape[:-1], w))
-            start += n
-        return outs
+        return split_columns(y, x.shape[:-1], self.widths, self.sizes)
+
+
+def split_columns(y: torch.Tensor, lead: tuple[int, ...], widths: list[int], sizes: list[int]) -> list[torch.Tensor]:
+    """A fused call's output (M, sum of sizes) back into each layer's (*lead, width), each layer's block `size` wide.
+
+    Each its own contiguous tensor, as a layer's own call returns: a strided slice can send an elementwise op such as
+    SiLU down another code path (a scalar exp in place of the vector one: other last bits)."""
+    outs, start = [], 0
+    for n, w in zip(sizes, widths):
+        outs.append(y[:, start : start + w].contiguous().reshape(*lead, w))
+        start += n
+    return outs
 
 
 def _padded(t: torch.Tensor, n: int) -> torch.Tensor:
