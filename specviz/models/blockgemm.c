@@ -468,7 +468,11 @@ int blockgemm_linear_x16(int type, const uint8_t *X, int64_t N, int64_t K, const
     if (!blockgemm_x16_size(type, N, K) || M < 1) return -1;
     int bs = blockgemm_block_size(type);
     Acts acts;
+#if defined(USE512)
+    int failed = acts_of(x, M, K, bs, &acts) || x16_linear_regs(type, X, N, K / bs, &acts, M, K, bias, y, ldy);
+#else
     int failed = acts_of(x, M, K, bs, &acts) || x16_linear(type, X, N, K / bs, &acts, M, K, bias, y, ldy);
+#endif
     acts_free(&acts);
     return failed ? -1 : 0;
 }

@@ -17,7 +17,16 @@
    a min]); then
    + bias, with is the block's exact integer (Σ_j sc_j Σ values*acts, Q6_K's values less 32) and im = Σ_j m_j bsum_j. */
 
-#define X16_AHEAD 3 /* blocks of prefetch distance */
+/* At a block's start all its lines are asked for at once (prefetch, distance 0 blocks): the misses then overlap one
+   another and the block's arithmetic, where the loads inside the arithmetic came one after another. Measured on a Zen 4
+   over 200 MB of Q4_K (out of cache): 5 rows cost 1.1-1.4x one row this way, 2.2x with the prefetch 1 to 3 blocks ahead
+   and 2.4x with none (benchmarks/gguf-precision.md). -DX16_AHEAD=n moves it n blocks ahead, -1 turns it off. */
+#ifndef X16_AHEAD
+#define X16_AHEAD 0
+#endif
+#ifndef X16_HINT
+#define X16_HINT 0
+#endif
 
 #if defined(USE512)
 /* acc + the 4 products of each of 16 rows' bytes in V with the 4 activation bytes at p (u8 x s8, summed per row) */
@@ -241,9 +250,8 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *o = X + (g * nb + b) * gb;
                 const uint8_t *tail = o + gb - x16_tail(type);
-                /* the memory a few blocks ahead is asked for now: one block's arithmetic then hides the next one's
-                   wait (a step reads each byte once, from memory, so the wait is most of it) */
-                for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, 0);
+                /* the block's lines, all asked for at once (X16_AHEAD) */
+                if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
                 if (blockgemm_block_size(type) == 256) x16_block(type, o, acts, M, K, b, is, im);
                 else x32_block(type, o, acts, M, K, b, is, im);
                 for (int64_t r = 0; r < M; r++)
@@ -350,3 +358,158 @@ static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
     }
 #endif
 }
+
+#if defined(USE512)
+/* ---------------------------------------------------------------------------------------------------------------
+   The same arithmetic with up to X16_ROWS activation rows held in registers: a group's integers and float sums never
+   go through memory between sub-blocks and blocks (a store read back at once stalls: it cost as much as the
+   products). Each output's integer is the same exact sum and its floats are taken in the same order as above, so
+   the bits are x16_linear's whatever the chunk of rows.
+   -------------------------------------------------------------------------------------------------------------- */
+#define X16_ROWS 8
+
+/* the chunk's R rows of one group of 16 outputs, a K type (Q4_K, Q6_K): y rows r0.. r0+R-1 */
+static inline __attribute__((always_inline)) void x16_group_k(int type, int R, const uint8_t *g0, int64_t nb,
+                                                                const Acts *acts, int64_t r0, int64_t K,
+                                                                const float *bias, float *y, int64_t ldy) {
+    const int groups = type == Q6_K ? 16 : 8, quads = type == Q6_K ? 4 : 8;
+    const int64_t gb = x16_block_bytes(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    __m512 acc[X16_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = g0 + b * gb, *tail = o + gb - x16_tail(type);
+        const uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
+        if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+        __m512i is[X16_ROWS];
+        for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
+        for (int j = 0; j < groups; j++) {
+            __m512i s[X16_ROWS];
+            for (int r = 0; r < R; r++) s[r] = _mm512_setzero_si512();
+            for (int qq = 0; qq < quads; qq++) {
+                int q = j * quads + qq;
+                __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
+                if (type == Q6_K)
+                    v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(
+                            _mm512_loadu_si512(o + 2048 + (q / 4) * 64), 2 * (q % 4)), m2), 4));
+                for (int r = 0; r < R; r++) s[r] = x16_dot(s[r], v, acts->q + (r0 + r) * K + b * 256 + 4 * q);
+            }
+            __m512i scale = type == Q6_K ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)))
+                                         : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
+            for (int r = 0; r < R; r++) {
+                if (type == Q6_K)
+                    s[r] = _mm512_sub_epi32(s[r], _mm512_set1_epi32(32 * (int32_t)acts->sum[(r0 + r) * (K / 16) + b * 16 + j]));
+                is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(s[r], scale));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
+        for (int r = 0; r < R; r++) {
+            const float da = acts->d[(r0 + r) * nb + b];
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(is[r]));
+            if (type == Q4_K) { /* the mins against the sub-blocks' activation sums, as x16_block_of takes them */
+                const int16_t *mn = (const int16_t *)(o + 2048 + 128), *sum = acts->sum + (r0 + r) * (K / 16) + b * 16;
+                __m512i im = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) {
+                    int16_t pair[2] = {(int16_t)(sum[4 * p] + sum[4 * p + 1]), (int16_t)(sum[4 * p + 2] + sum[4 * p + 3])};
+                    int32_t both;
+                    memcpy(&both, pair, 4);
+                    im = _mm512_add_epi32(im, _mm512_madd_epi16(_mm512_loadu_si512(mn + 32 * p), _mm512_set1_epi32(both)));
+                }
+                t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))),
+                                                                 _mm512_set1_ps(da)), _mm512_cvtepi32_ps(im)));
+            }
+            acc[r] = _mm512_add_ps(acc[r], t);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m512 v = acc[r];
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
+        _mm512_storeu_ps(y + (r0 + r) * ldy, v);
+    }
+}
+
+/* the same for the 32-blocks (x32_block's integers) */
+static inline __attribute__((always_inline)) void x16_group_32(int type, int R, const uint8_t *g0, int64_t nb,
+                                                                 const Acts *acts, int64_t r0, int64_t K,
+                                                                 const float *bias, float *y, int64_t ldy) {
+    const int off = x32_offset(type), mins = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
+    const int64_t gb = x16_block_bytes(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    __m512 acc[X16_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *o = g0 + b * gb, *tail = o + gb - x16_tail(type);
+        if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+        __m512i s[X16_ROWS];
+        for (int r = 0; r < R; r++) s[r] = _mm512_setzero_si512();
+        for (int q = 0; q < 8; q++) {
+            __m512i v;
+            if (type == Q8_0) v = _mm512_loadu_si512(o + 64 * q);
+            else {
+                v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
+                if (five)
+                    v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + 256), q), one), 4));
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *a = acts->q + (r0 + r) * K + b * 32 + 4 * q;
+#if !defined(__AVX512VNNI__)
+                if (type == Q8_0) { /* bytes up to 255 would overflow maddubs' int16 pairs: the nibble halves apart */
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    s[r] = _mm512_add_epi32(x16_dot(s[r], lo, a), _mm512_slli_epi32(x16_dot(_mm512_setzero_si512(), hi, a), 4));
+                    continue;
+                }
+#endif
+                s[r] = x16_dot(s[r], v, a);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
+        for (int r = 0; r < R; r++) {
+            const int16_t *sum = acts->sum + (r0 + r) * (K / 16) + b * 2;
+            const int32_t bsum = (int32_t)sum[0] + sum[1];
+            const float da = acts->d[(r0 + r) * nb + b];
+            __m512i is = _mm512_sub_epi32(s[r], _mm512_set1_epi32(off * bsum));
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(is));
+            if (mins)
+                t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))),
+                                                                 _mm512_set1_ps(da)), _mm512_cvtepi32_ps(_mm512_set1_epi32(bsum))));
+            acc[r] = _mm512_add_ps(acc[r], t);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m512 v = acc[r];
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
+        _mm512_storeu_ps(y + (r0 + r) * ldy, v);
+    }
+}
+
+#define X16_CASE(T, F, N) case N: F(T, N, g0, nb, acts, r0, K, bias, y, ldy); break;
+#define X16_CASES(T, F) switch (R) { X16_CASE(T, F, 1) X16_CASE(T, F, 2) X16_CASE(T, F, 3) X16_CASE(T, F, 4) \
+                                     X16_CASE(T, F, 5) X16_CASE(T, F, 6) X16_CASE(T, F, 7) X16_CASE(T, F, 8) }
+
+/* one group's chunk of R ≤ X16_ROWS rows, the type and R as constants (so that the arrays above are registers) */
+static void x16_group(int type, int R, const uint8_t *g0, int64_t nb, const Acts *acts, int64_t r0, int64_t K,
+                      const float *bias, float *y, int64_t ldy) {
+    switch (type) {
+    case Q4_K: X16_CASES(Q4_K, x16_group_k) break;
+    case Q6_K: X16_CASES(Q6_K, x16_group_k) break;
+    case Q4_0: X16_CASES(Q4_0, x16_group_32) break;
+    case Q4_1: X16_CASES(Q4_1, x16_group_32) break;
+    case Q5_0: X16_CASES(Q5_0, x16_group_32) break;
+    case Q5_1: X16_CASES(Q5_1, x16_group_32) break;
+    case Q8_0: X16_CASES(Q8_0, x16_group_32) break;
+    }
+}
+
+/* x16_linear's result: threads split the groups of 16 rows, each group's activation rows taken X16_ROWS at a time */
+static int x16_linear_regs(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
+                           const float *bias, float *y, int64_t ldy) {
+    int64_t gb = x16_block_bytes(type);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / 16; g++)
+        for (int64_t r0 = 0; r0 < M; r0 += X16_ROWS) {
+            int R = (int)(M - r0 < X16_ROWS ? M - r0 : X16_ROWS);
+            x16_group(type, R, X + g * nb * gb, nb, acts, r0, K, bias ? bias + g * 16 : NULL, y + g * 16, ldy);
+        }
+    return 0;
+}
+#endif
