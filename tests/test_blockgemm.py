@@ -117,6 +117,26 @@ def test_the_side_by_side_form_is_the_quantized_product_alone_or_in_any_mix_on_e
         assert torch.equal(kernels[isa].linear_x16(qtype, packed, 48, k, x[rows].contiguous(), bias), out[rows])
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_requantized_q4_0_is_ggufs_own_quantization_bit_for_bit_on_every_path(kernels, name):
+    """A draft's wider linears read at 4.5 bits: gguf's Q4_0 quantization of gguf's own floats of the blocks, each byte
+    the same (ties of magnitude, all-zero blocks and fp16 rounding included), whatever the path."""
+    import gguf
+
+    qtype, bs, k, data = _case(kernels["native"], name, 19, torch.Generator().manual_seed(5))
+    data[3, :] = data[2, :]  # rows that repeat; a row of zero scales: every value 0, d = -0
+    for at in blocks._SCALE_AT[qtype]:
+        data.view(19, -1, kernels["native"].block_bytes(qtype))[4, :, at : at + 2] = 0
+    floats = gguf.quants.dequantize(data.numpy(), gguf.GGMLQuantizationType(qtype)).reshape(19, k)
+    ref = gguf.quants.quantize(floats.astype(np.float32), gguf.GGMLQuantizationType.Q4_0).reshape(19, -1)
+    for isa, kern in kernels.items():
+        out = kern.requantize_q4_0(qtype, data, k)
+        assert out.shape == (19, k // 32 * 18)
+        assert np.array_equal(out.numpy(), ref), isa
+    with pytest.raises(ValueError, match="cannot requantize"):
+        kernels["native"].requantize_q4_0(qtype, data[:, :-1].contiguous(), k)  # rows of part of a block
+
+
 def test_a_shape_it_cannot_run_is_refused_not_guessed():
     qtype = blocks.TYPES["Q4_K"]
     data = blocks.random_blocks(KERNEL, qtype, 4, 512, torch.Generator().manual_seed(0))
@@ -153,6 +173,8 @@ def test_real_tensors_of_the_default_pair_files(which):
             assert blocks.within_quantized_bound(out, x, ref, KERNEL.block_size(int(t.tensor_type))), name
             for size in (1, 5, 16):
                 assert torch.equal(KERNEL.linear(int(t.tensor_type), data, k, x[:size].contiguous(), None), out[:size]), name
+            q4 = gguf.quants.quantize(ref.numpy(), gguf.GGMLQuantizationType.Q4_0).reshape(300, -1)
+            assert np.array_equal(KERNEL.requantize_q4_0(int(t.tensor_type), data, k).numpy(), q4), name  # a draft's
             packed = KERNEL.x16(int(t.tensor_type), data, k)  # the form passes read, where the type has it
             if packed is not None:
                 side = KERNEL.linear_x16(int(t.tensor_type), packed, 300, k, x, None)

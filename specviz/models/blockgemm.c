@@ -477,37 +477,4 @@ int blockgemm_linear_x16(int type, const uint8_t *X, int64_t N, int64_t K, const
     return failed ? -1 : 0;
 }
 
-/* The weights of some rows as floats (the embedding's rows for a few ids): out (len(ids), K).
-   Each weight is (fw * (s * w + oi)) + gw * om in floats, the grouping gguf's dequantization uses. */
-int blockgemm_rows(int type, const uint8_t *W, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n_ids, float *out) {
-    int bs = blockgemm_block_size(type);
-    if (!bs || K % bs || row_bytes != K / bs * blockgemm_block_bytes(type)) return -1;
-    int64_t nb = K / bs;
-    uint8_t w[256];
-    int16_t s[128], oi[16], om[16];
-    float fw, gw;
-    for (int64_t r = 0; r < n_ids; r++) {
-        const uint8_t *row = W + ids[r] * row_bytes;
-        float *o = out + r * K;
-        for (int64_t b = 0; b < nb; b++) {
-            unpack_block(type, row + b * blockgemm_block_bytes(type), w, s, oi, om, &fw, &gw);
-            for (int i = 0; i < bs; i++) {
-                int g = i / 16;
-                float v;
-                if (bs == 256) { /* d * sc as one float, times q, then the min: (d*sc)*q - dmin*m */
-                    float scale = fw * (float)s[i / 2];
-                    int q = w[i];
-                    v = scale * (float)q;
-                    if (om[g]) v = v + gw * (float)om[g];
-                    else if (oi[g]) v = scale * (float)(q - 32); /* Q6_K: d*sc*(q-32) */
-                } else {
-                    int q = type == Q8_0 ? (int8_t)w[i] : w[i] + oi[g];
-                    v = fw * (float)q;
-                    if (om[g]) v = v + gw;
-                }
-                o[b * bs + i] = v;
-            }
-        }
-    }
-    return 0;
-}
+#include "blockgemm_rows.h"

@@ -76,6 +76,15 @@ class BlockKernel:
             raise ValueError(f"blockgemm cannot run a repacked {TYPE_NAMES.get(qtype, qtype)} matrix of {n} rows of {k}")
         return y
 
+    def requantize_q4_0(self, qtype: int, blocks: torch.Tensor, k: int) -> torch.Tensor:
+        """The matrix's rows as Q4_0 blocks (N, k/32 * 18): its floats (gguf's dequantization) quantized as gguf's
+        Q4_0 does, bit for bit (blockgemm_rows.h). 4.5 bits a weight: for a draft, whose bits only move its guesses."""
+        n, row_bytes = blocks.shape
+        out = torch.empty((n, k // 32 * 18), dtype=torch.uint8)
+        if self.lib.blockgemm_requantize_q4_0(qtype, blocks.data_ptr(), row_bytes, n, k, out.data_ptr()):
+            raise ValueError(f"blockgemm cannot requantize a {TYPE_NAMES.get(qtype, qtype)} matrix of {n} rows of {k}")
+        return out
+
     def rows(self, qtype: int, blocks: torch.Tensor, k: int, ids: torch.Tensor) -> torch.Tensor:
         """The weights of rows `ids` as fp32 (len(ids), K), as gguf's dequantization gives them."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
@@ -100,6 +109,8 @@ def load(path: Path) -> BlockKernel:
     lib.blockgemm_linear.restype = i32
     lib.blockgemm_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr]
     lib.blockgemm_rows.restype = i32
+    lib.blockgemm_requantize_q4_0.argtypes = [i32, ptr, i64, i64, i64, ptr]
+    lib.blockgemm_requantize_q4_0.restype = i32
     lib.blockgemm_x16_size.argtypes = [i32, i64, i64]
     lib.blockgemm_x16_size.restype = i64
     lib.blockgemm_repack_x16.argtypes = [i32, ptr, i64, i64, i64, ptr]
@@ -111,7 +122,7 @@ def load(path: Path) -> BlockKernel:
 
 def build(isa: str = "native") -> Path | None:
     """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
-    headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h"))
+    headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h", "blockgemm_rows.h"))
     return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, headers)
 
 
@@ -218,11 +229,21 @@ class BlockLinear(nn.Module):
             y = self.kernel.linear(self.qtype, self.blocks, self.in_features, rows, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def forget_blocks(self) -> None:
+        """Let the blocks go where the side-by-side form holds every bit and no row will be read (a requantized draft's
+        own copy: it would double the draft's memory); `rows` and `subset` then refuse."""
+        if self.x16 is not None:
+            self.blocks = None
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is None:
+            raise ValueError("this layer kept only its side-by-side form: its rows cannot be read")
         return self.kernel.rows(self.qtype, self.blocks, self.in_features, ids)
 
     def subset(self, ids: torch.Tensor) -> "BlockLinear":
         """A layer of only the rows `ids` (ascending), their blocks copied as stored (a head's share of an output layer)."""
+        if self.blocks is None:
+            raise ValueError("this layer kept only its side-by-side form: its rows cannot be read")
         bias = None if self.bias is None else self.bias[ids]
         return BlockLinear(self.blocks[ids].contiguous(), self.qtype, self.in_features, bias, self.kernel)
 
@@ -308,8 +329,11 @@ def block_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for m in model.modules():
-        if isinstance(m, (BlockLinear, BlockEmbedding)) and m.blocks.data_ptr() not in seen:
-            seen.add(m.blocks.data_ptr())
+        if not isinstance(m, (BlockLinear, BlockEmbedding)):
+            continue
+        held = m.blocks if m.blocks is not None else m.x16  # a requantized draft's layer keeps its side-by-side form only
+        if held.data_ptr() not in seen:
+            seen.add(held.data_ptr())
             total += m.nbytes()
     return total
 

@@ -41,8 +41,8 @@ def _load_gguf_pair(
     target_dir = cache.ensure_cached(target_src, _span(report, 0.0, 0.6), target_form)
     draft_dir = cache.ensure_cached(draft_src, _span(report, 0.6, 0.85), draft_form)
     report(0.86, f"loading {draft_src.title} (draft) from the cache")
-    if draft_form == "gguf":  # the file's own blocks, mapped: nothing to finish
-        draft = gguf_model.load_model(draft_dir, draft_src.title, blocks.required_kernel())
+    if draft_form == "gguf":  # the file's own blocks, mapped (its wider linears as Q4_0): nothing to finish
+        draft = gguf_model.load_model(draft_dir, draft_src.title, blocks.required_kernel(), draft=True)
     else:
         # its own copy: safe to quantize; with draft_int8_kernel, its int8 layers come straight in rowgemm's form
         draft = finish_draft(_load_cached_model(draft_dir, draft_src.title, draft_dtype, int8_kernel=draft_int8_kernel))

@@ -40,8 +40,9 @@ def write_table(path: Path, out: Path) -> None:
     out.write_text(json.dumps(tensor_table(path)))
 
 
-def load_model(folder: Path, title: str, kernel: blocks.BlockKernel) -> nn.Module:
-    """The model of a gguf cache folder, eval mode, its quantized tensors views of the mapped file."""
+def load_model(folder: Path, title: str, kernel: blocks.BlockKernel, draft: bool = False) -> nn.Module:
+    """The model of a gguf cache folder, eval mode, its quantized tensors views of the mapped file; a `draft`'s linears
+    of more than 4.5 bits a weight are read as Q4_0 (`requantized`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -75,7 +76,13 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel) -> nn.Modul
         else:
             quantized[target.removesuffix(".weight")] = (blocks.blocks_from_numpy(np.ascontiguousarray(result.weights)),
                                                         qtype, shape[1])
+    if draft:
+        quantized = requantized(quantized, kernel, model)
     _place(model, quantized, plain, kernel, config, title, lambda: _let_go_of_read_pages(mapped))
+    if draft:  # the Q4_0 copies live in the side-by-side form alone (nothing reads a draft's rows)
+        for module in model.modules():
+            if isinstance(module, blocks.BlockLinear) and module.qtype == blocks.TYPES["Q4_0"]:
+                module.forget_blocks()
     _rebuild_buffers(model, config)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
@@ -84,6 +91,30 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel) -> nn.Modul
     attend.mark(model)  # its activations are quantized: each attention row alone, as a one-token step (core.attend)
     model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
     return model.eval()
+
+
+def requantized(quantized: dict[str, tuple[torch.Tensor, int, int]], kernel: blocks.BlockKernel,
+                model: nn.Module) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """A draft's linears (its output layer too, tied or not) of more than 4.5 bits a weight as Q4_0, gguf's own
+    quantization of their floats (blockgemm_rows.h). Why: a draft step reads every byte of its linears, and a draft's
+    bits change only how often it guesses right, never the output (the target checks every token). The Qwen 0.5B's
+    Q5_0 / Q8_0 / Q6_K linears: 424 MB a step become 234 MB; about 2 s at each load (kept out of the cache: it stays
+    one file per model). The embedding keeps its file's blocks: a step reads one row of it."""
+    embedding = model.get_input_embeddings()
+    head_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+    modules = dict(model.named_modules())
+    out = dict(quantized)
+    if head_name not in out:  # tied: the head reads the embedding's rows, as its own Q4_0 copy
+        emb_name = next(n for n, m in modules.items() if m is embedding)
+        if emb_name in quantized:
+            out[head_name] = quantized[emb_name]
+    for name, (data, qtype, k) in out.items():
+        if modules.get(name) is not embedding and qtype not in _NARROW and k % 32 == 0:
+            out[name] = (kernel.requantize_q4_0(qtype, data, k), blocks.TYPES["Q4_0"], k)
+    return out
+
+
+_NARROW = (blocks.TYPES["Q4_0"], blocks.TYPES["Q4_K"])  # 4.5 bits a weight: a draft reads these as they are
 
 
 def _place(model: nn.Module, quantized: dict[str, tuple[torch.Tensor, int, int]], plain: dict[str, torch.Tensor],
