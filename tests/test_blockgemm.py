@@ -137,6 +137,38 @@ def test_requantized_q4_0_is_ggufs_own_quantization_bit_for_bit_on_every_path(ke
         kernels["native"].requantize_q4_0(qtype, data[:, :-1].contiguous(), k)  # rows of part of a block
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_attention_is_sdpa_and_gives_each_row_its_own_steps_bits_on_every_path(kernels, isa):
+    """The gguf models' attention (blockgemm_attend.h): softmax(q k / sqrt d) v to float error, grouped key heads;
+    a row inside 5 (causal) or a tree's rows (a mask) gets exactly the bits of its own one-token step; every path alike."""
+    kern = kernels[isa]
+    gen = torch.Generator().manual_seed(6)
+    heads, groups, d, kv, n = 6, 2, 64, 23, 5
+    q = torch.randn(1, heads, n, d, generator=gen)
+    k, v = torch.randn(1, groups, kv, d, generator=gen), torch.randn(1, groups, kv, d, generator=gen)
+    out = kern.attend(q, k, v, None, d ** -0.5)
+    rep = heads // groups
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1),
+        attn_mask=torch.ones(n, kv, dtype=torch.bool).tril(kv - n))
+    assert torch.allclose(out.double(), ref.transpose(1, 2), atol=1e-5)
+    for r in range(n):  # row r alone: the keys up to its position, as its own step holds them
+        alone = kern.attend(q[:, :, r : r + 1], k[:, :, : kv - n + r + 1], v[:, :, : kv - n + r + 1], None, d ** -0.5)
+        assert torch.equal(alone[:, 0], out[:, r])
+    seen = torch.zeros(n, kv, dtype=torch.bool)  # a tree: the prefix, then each row its own ancestors
+    seen[:, : kv - n] = True
+    for r, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]]):
+        seen[r, [kv - n + p for p in path]] = True
+    tree = kern.attend(q, k, v, seen, d ** -0.5)
+    for r in range(n):
+        keep = seen[r].nonzero().reshape(-1)
+        alone = kern.attend(q[:, :, r : r + 1], k[:, :, keep], v[:, :, keep], None, d ** -0.5)
+        assert torch.equal(alone[:, 0], tree[:, r])
+    assert all(torch.equal(out, other.attend(q, k, v, None, d ** -0.5)) for other in kernels.values())
+    with pytest.raises(ValueError, match="cannot attend"):
+        kern.attend(q[..., :40], k[..., :40], v[..., :40], None, 0.1)  # a width not a multiple of 16
+
+
 def test_a_shape_it_cannot_run_is_refused_not_guessed():
     qtype = blocks.TYPES["Q4_K"]
     data = blocks.random_blocks(KERNEL, qtype, 4, 512, torch.Generator().manual_seed(0))

@@ -85,6 +85,21 @@ class BlockKernel:
             raise ValueError(f"blockgemm cannot requantize a {TYPE_NAMES.get(qtype, qtype)} matrix of {n} rows of {k}")
         return out
 
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None,
+               scaling: float) -> torch.Tensor:
+        """Attention of query (1, H, n, d) over keys/values (1, G, kv, d), each row and head alone (blockgemm_attend.h):
+        `seen` (n, kv) bool, or None for causal after the cache -> (1, n, H, d) fp32."""
+        _, heads, n, d = query.shape
+        groups, kv = keys.shape[1], keys.shape[2]
+        q, k, v = (t.float().contiguous() for t in (query, keys, values))
+        mask = None if seen is None else seen.to(torch.uint8).contiguous()
+        out = torch.empty((1, n, heads, d), dtype=torch.float32)
+        if self.lib.blockgemm_attend(q.data_ptr(), heads, n, d, k.data_ptr(), v.data_ptr(), groups, kv,
+                                     0 if mask is None else mask.data_ptr(), scaling, out.data_ptr()):
+            raise ValueError(f"blockgemm cannot attend {n} rows of {heads} heads of width {d} over {kv} keys "
+                             f"({groups} key heads)")
+        return out
+
     def rows(self, qtype: int, blocks: torch.Tensor, k: int, ids: torch.Tensor) -> torch.Tensor:
         """The weights of rows `ids` as fp32 (len(ids), K), as gguf's dequantization gives them."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
@@ -111,6 +126,8 @@ def load(path: Path) -> BlockKernel:
     lib.blockgemm_rows.restype = i32
     lib.blockgemm_requantize_q4_0.argtypes = [i32, ptr, i64, i64, i64, ptr]
     lib.blockgemm_requantize_q4_0.restype = i32
+    lib.blockgemm_attend.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ctypes.c_float, ptr]
+    lib.blockgemm_attend.restype = i32
     lib.blockgemm_x16_size.argtypes = [i32, i64, i64]
     lib.blockgemm_x16_size.restype = i64
     lib.blockgemm_repack_x16.argtypes = [i32, ptr, i64, i64, i64, ptr]
@@ -122,7 +139,8 @@ def load(path: Path) -> BlockKernel:
 
 def build(isa: str = "native") -> Path | None:
     """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
-    headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h", "blockgemm_rows.h"))
+    headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h", "blockgemm_rows.h",
+                                                        "blockgemm_attend.h"))
     return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, headers)
 
 

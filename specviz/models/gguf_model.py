@@ -88,7 +88,8 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel, draft: bool
     if left:
         raise PairError(f"{title}: the GGUF file lacks {len(left)} tensors the model needs (first: {left[0]})")
     blocks.fuse(model)  # q/k/v and gate/up of one type: one kernel call each (core.lean)
-    attend.mark(model)  # its activations are quantized: each attention row alone, as a one-token step (core.attend)
+    attend.mark(model, kernel)  # its activations are quantized: each attention row alone, as a one-token step
+    # would compute it (core.attend), all rows in one call of the kernel's attention
     model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
     return model.eval()
 
