@@ -169,6 +169,35 @@ def test_attention_is_sdpa_and_gives_each_row_its_own_steps_bits_on_every_path(k
         kern.attend(q[..., :40], k[..., :40], v[..., :40], None, 0.1)  # a width not a multiple of 16
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_layers_glue_is_transformers_expression_and_each_row_its_own_on_every_path(kernels, isa):
+    """RMSNorm, rotary and the SiLU gate of the gguf models (blockgemm_glue.h): transformers' values to float error, a
+    row's bits the same alone and among 7 others, every path alike."""
+    kern = kernels[isa]
+    gen = torch.Generator().manual_seed(7)
+    x, w = torch.randn(8, 96, generator=gen), torch.rand(96, generator=gen) + 0.5
+    normed = kern.rms_norm(x, w, 1e-6)
+    assert torch.allclose(normed, w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)), rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(kern.rms_norm(x[r : r + 1], w, 1e-6), normed[r : r + 1]) for r in range(8))
+    q = torch.randn(1, 8, 3, 64, generator=gen)
+    angle = torch.rand(1, 8, 32, generator=gen) * 6
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    half = torch.cat([-q[..., 32:], q[..., :32]], -1)
+    turned = kern.rotary_(q.clone(), cos, sin)
+    assert torch.allclose(turned, q * cos.unsqueeze(2) + half * sin.unsqueeze(2), atol=1e-6)
+    assert all(torch.equal(kern.rotary_(q[:, r : r + 1].clone(), cos[:, r : r + 1], sin[:, r : r + 1]), turned[:, r : r + 1])
+               for r in range(8))
+    joined = torch.randn(8, 2 * 40, generator=gen)
+    gated = kern.silu_mul(joined, 40)
+    assert torch.allclose(gated, torch.nn.functional.silu(joined[:, :40]) * joined[:, 40:], rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(kern.silu_mul(joined[r : r + 1], 40), gated[r : r + 1]) for r in range(8))
+    for other in kernels.values():
+        assert torch.equal(other.rms_norm(x, w, 1e-6), normed) and torch.equal(other.silu_mul(joined, 40), gated)
+        assert torch.equal(other.rotary_(q.clone(), cos, sin), turned)
+    with pytest.raises(ValueError):
+        kern.rms_norm(torch.randn(2, 40), torch.ones(40), 1e-6)  # a width not a multiple of 16
+
+
 def test_a_shape_it_cannot_run_is_refused_not_guessed():
     qtype = blocks.TYPES["Q4_K"]
     data = blocks.random_blocks(KERNEL, qtype, 4, 512, torch.Generator().manual_seed(0))

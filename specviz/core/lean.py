@@ -41,8 +41,13 @@ def enabled(model: torch.nn.Module) -> bool:
     return os.environ.get("SPECVIZ_LEAN", "1").strip() != "0" and supports(model)
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' Qwen2RMSNorm / LlamaRMSNorm, the same expression."""
+GLUE = "glue_kernel"  # a model whose norms, rotary and gate run as one kernel call each (models.blocks: gguf models)
+
+
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor, glue: Any = None) -> torch.Tensor:
+    """transformers' Qwen2RMSNorm / LlamaRMSNorm, the same expression (one call of `glue`'s where the model has it)."""
+    if glue is not None:
+        return glue.rms_norm(x, norm.weight, norm.variance_epsilon)
     dtype = x.dtype
     h = x.to(torch.float32)
     variance = h.pow(2).mean(-1, keepdim=True)
@@ -72,16 +77,20 @@ def _projections(layers: Sequence[torch.nn.Module], x: torch.Tensor) -> list[tor
 
 
 def _attention(attn: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, feeds: Sequence[Any],
-               spans: Sequence[tuple[int, int]], layer_idx: int, laps: Any) -> torch.Tensor:
+               spans: Sequence[tuple[int, int]], layer_idx: int, laps: Any, glue: Any = None) -> torch.Tensor:
     """transformers' attention block for every feed's rows, each run over its own cache and mask: (1, N, hidden)."""
     shape = (*h.shape[:-1], -1, attn.head_dim)
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     q, k, v = _projections(projections, h)
     laps.matmul("q/k/v", projections)
-    q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = (q * c) + (_rotate_half(q) * s)
-    k = (k * c) + (_rotate_half(k) * s)
+    if glue is not None:  # q and k are this call's own tensors: turned in place, one call each
+        q, k = glue.rotary_(q.view(shape), cos, sin).transpose(1, 2), glue.rotary_(k.view(shape), cos, sin).transpose(1, 2)
+        v = v.view(shape).transpose(1, 2)
+    else:
+        q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * c) + (_rotate_half(q) * s)
+        k = (k * c) + (_rotate_half(k) * s)
     laps("norms, rotary, activation")
     outs = []
     for (a, b), feed in zip(spans, feeds):
@@ -98,8 +107,17 @@ def _attention(attn: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: t
     return out
 
 
-def _mlp(mlp: torch.nn.Module, h: torch.Tensor, laps: Any) -> torch.Tensor:
+def _mlp(mlp: torch.nn.Module, h: torch.Tensor, laps: Any, glue: Any = None) -> torch.Tensor:
     projections = (mlp.gate_proj, mlp.up_proj)
+    fused = getattr(mlp.gate_proj, "fused_with", None)
+    if glue is not None and fused is not None and getattr(mlp.up_proj, "fused_with", None) is fused:
+        joined = fused.joined(h)  # (M, 2I): gate's columns, then up's
+        laps.matmul("gate/up", projections)
+        h = glue.silu_mul(joined, mlp.gate_proj.out_features).reshape(*h.shape[:-1], -1)
+        laps("norms, rotary, activation")
+        out = mlp.down_proj(h)
+        laps.matmul("down", mlp.down_proj)
+        return out
     gate, up = _projections(projections, h)
     laps.matmul("gate/up", projections)
     h = mlp.act_fn(gate) * up
@@ -120,17 +138,18 @@ def run(model: torch.nn.Module, feeds: Sequence[Any], ids: torch.Tensor, positio
     cos, sin = _rotary(model, positions, x.dtype)
     laps("embedding")
     hidden = [x] if want_hidden else None
+    glue = getattr(model, GLUE, None)
     for i, layer in enumerate(inner.layers):
-        h = _rms_norm(layer.input_layernorm, x)
+        h = _rms_norm(layer.input_layernorm, x, glue)
         laps("norms, rotary, activation")
-        x = x + _attention(layer.self_attn, h, cos, sin, feeds, spans, i, laps)
-        h = _rms_norm(layer.post_attention_layernorm, x)
+        x = x + _attention(layer.self_attn, h, cos, sin, feeds, spans, i, laps, glue)
+        h = _rms_norm(layer.post_attention_layernorm, x, glue)
         laps("norms, rotary, activation")
-        x = x + _mlp(layer.mlp, h, laps)
+        x = x + _mlp(layer.mlp, h, laps, glue)
         if hidden is not None and i < len(inner.layers) - 1:
             hidden.append(x)
         laps("residual")
-    x = _rms_norm(inner.norm, x)
+    x = _rms_norm(inner.norm, x, glue)
     if hidden is not None:
         hidden.append(x)
     laps("norms, rotary, activation")

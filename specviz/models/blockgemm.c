@@ -479,3 +479,4 @@ int blockgemm_linear_x16(int type, const uint8_t *X, int64_t N, int64_t K, const
 
 #include "blockgemm_rows.h"
 #include "blockgemm_attend.h"
+#include "blockgemm_glue.h"

@@ -100,6 +100,32 @@ class BlockKernel:
                              f"({groups} key heads)")
         return out
 
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """transformers' RMSNorm of each row of x (..., n) fp32, one call (blockgemm_glue.h)."""
+        rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+        out = torch.empty_like(rows)
+        if self.lib.blockgemm_rms_norm(rows.data_ptr(), rows.shape[0], rows.shape[1], weight.float().contiguous().data_ptr(),
+                                       eps, out.data_ptr()):
+            raise ValueError(f"blockgemm's RMSNorm needs a width that is a multiple of 16, not {rows.shape[1]}")
+        return out.reshape(x.shape)
+
+    def rotary_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (1, N, heads, d), fp32 and contiguous, rotated in place at its rows' positions (cos, sin (1, N, d))."""
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError("blockgemm's rotary turns a contiguous fp32 tensor in place")
+        n, heads, d = x.shape[1], x.shape[2], x.shape[3]
+        c, s = cos.float().contiguous(), sin.float().contiguous()
+        if self.lib.blockgemm_rotary(x.data_ptr(), n, heads, d, c.data_ptr(), s.data_ptr()):
+            raise ValueError(f"blockgemm's rotary cannot turn a head of width {d}")
+        return x
+
+    def silu_mul(self, gate_up: torch.Tensor, width: int) -> torch.Tensor:
+        """silu(gate) * up of a fused call's output (M, 2 * width), gate first -> (M, width), one call."""
+        y = gate_up.contiguous()
+        out = torch.empty((y.shape[0], width), dtype=torch.float32)
+        self.lib.blockgemm_silu_mul(y.data_ptr(), y.data_ptr() + 4 * width, y.shape[0], width, y.shape[1], out.data_ptr())
+        return out
+
     def rows(self, qtype: int, blocks: torch.Tensor, k: int, ids: torch.Tensor) -> torch.Tensor:
         """The weights of rows `ids` as fp32 (len(ids), K), as gguf's dequantization gives them."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
@@ -128,6 +154,11 @@ def load(path: Path) -> BlockKernel:
     lib.blockgemm_requantize_q4_0.restype = i32
     lib.blockgemm_attend.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, ptr, ctypes.c_float, ptr]
     lib.blockgemm_attend.restype = i32
+    f32 = ctypes.c_float
+    lib.blockgemm_rms_norm.argtypes = [ptr, i64, i64, ptr, f32, ptr]
+    lib.blockgemm_rotary.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.blockgemm_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
+    lib.blockgemm_rms_norm.restype = lib.blockgemm_rotary.restype = lib.blockgemm_silu_mul.restype = i32
     lib.blockgemm_x16_size.argtypes = [i32, i64, i64]
     lib.blockgemm_x16_size.restype = i64
     lib.blockgemm_repack_x16.argtypes = [i32, ptr, i64, i64, i64, ptr]
@@ -140,7 +171,7 @@ def load(path: Path) -> BlockKernel:
 def build(isa: str = "native") -> Path | None:
     """The shared object for this CPU and path, compiled into the cache's kernels/ folder if missing."""
     headers = tuple(_SOURCE.with_name(name) for name in ("blockgemm_blocks.h", "blockgemm_x16.h", "blockgemm_rows.h",
-                                                        "blockgemm_attend.h"))
+                                                        "blockgemm_attend.h", "blockgemm_glue.h"))
     return rowgemm.build(rowgemm.folder(), isa, _SOURCE, _EXTRA, headers)
 
 
@@ -323,9 +354,12 @@ class FusedBlocks:
             start += size
 
     def __call__(self, x: torch.Tensor, layers: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+        return rowgemm.split_columns(self.joined(x), x.shape[:-1], self.widths, self.widths)
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """The one call's output (M, sum of widths), the layers' columns side by side."""
         rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = self.kernel.linear_x16(self.qtype, self.x16, sum(self.widths), self.in_features, rows, self.bias)
-        return rowgemm.split_columns(y, x.shape[:-1], self.widths, self.widths)
+        return self.kernel.linear_x16(self.qtype, self.x16, sum(self.widths), self.in_features, rows, self.bias)
 
 
 def fuse(model: nn.Module) -> int:

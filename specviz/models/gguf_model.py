@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specviz.core import attend
+from specviz.core import attend, lean
 from specviz.models import blocks
 from specviz.models.base import PairError
 
@@ -91,6 +91,7 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel, draft: bool
     attend.mark(model, kernel)  # its activations are quantized: each attention row alone, as a one-token step
     # would compute it (core.attend), all rows in one call of the kernel's attention
     model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
+    setattr(model, lean.GLUE, kernel)  # norms, rotary and the gate as one kernel call each (core.lean)
     return model.eval()
 
 
