@@ -25,7 +25,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _holds_default_pair(item: pytest.Item) -> bool:
-    return "qwen_pair" in getattr(item, "fixturenames", ()) or item.get_closest_marker("default_pair") is not None
+    names = getattr(item, "fixturenames", ())
+    return "qwen_pair" in names or "qwen_fp16w_pair" in names or item.get_closest_marker("default_pair") is not None
 
 
 def _is_long(item: pytest.Item) -> bool:
@@ -76,10 +77,19 @@ def _join_group(item: pytest.Item, group: str) -> None:
 
 @pytest.fixture(scope="session")
 def qwen_pair():
-    """The default pair, loaded once for the whole run (a load takes about a minute): tests only read it."""
+    """The default pair at its default precision (gguf on a CPU), loaded once for the whole run: tests only read it."""
     from specviz.models import load_pair
 
     return load_pair("qwen-coder")
+
+
+@pytest.fixture(scope="session")
+def qwen_fp16w_pair():
+    """The default pair at fp16w (fp16 weights, fp32 arithmetic: the lessons' reference precision; its default is gguf),
+    loaded once for the whole run: tests only read it."""
+    from specviz.models import load_pair
+
+    return load_pair("qwen-coder", target_precision="fp16w")
 
 
 def _lock_file(name: str) -> Path:

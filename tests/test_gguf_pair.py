@@ -115,11 +115,11 @@ def test_the_blocks_are_the_files_model_as_transformers_reads_it():
     assert _locate(SMOLLM2_135M.parts[0]) is not None
 
 
-def test_the_qwen_targets_blocks_are_the_fp16w_targets_model(gguf_pair, qwen_pair):
+def test_the_qwen_targets_blocks_are_the_fp16w_targets_model(gguf_pair, qwen_fp16w_pair):
     """The same check on the default pair: its gguf target against the fp16-weight target made from the same file.
     From the second position on: Qwen's first position carries the attention sink, one channel some 600 times the
     others (3,700 against a median of 6 from layer 5 on), so int8 with one scale per 256 values keeps little of the
     rest of its block and that position's own next-token guess moves (5.7 logits here); every later position still
     agrees, and the engine compares a gguf target with itself, never with fp16w."""
     text = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
-    _assert_same_model(_logits(gguf_pair, text)[1:], _logits(qwen_pair, text)[1:])
+    _assert_same_model(_logits(gguf_pair, text)[1:], _logits(qwen_fp16w_pair, text)[1:])

@@ -544,7 +544,7 @@ def test_qwen_coder_loads(qwen_pair) -> None:
     pair = qwen_pair
     ids = pair.tokenizer("def fibonacci(n):")["input_ids"]
     assert 3 <= len(ids) <= 8 and pair.tokenizer.decode(ids) == "def fibonacci(n):"
-    assert pair.draft_precision == "int8" and pair.context_length == 32768
+    assert pair.target_precision == pair.draft_precision == "gguf" and pair.context_length == 32768  # the files' blocks
     assert {151645, 151643} <= set(pair.eos_ids)
     assert logits(pair.target, ids).shape == (1, len(ids), 151936)
     assert logits(pair.draft, ids).shape == (1, len(ids), 151936)
@@ -559,7 +559,7 @@ def test_the_qwen_drafts_int8_cache_loads_straight_into_the_layers_it_became_bef
     kernel = rowgemm.kernel()
     if kernel is None:
         pytest.skip("rowgemm cannot be built here (no C compiler)")
-    folder = cache.cache_folder(catalogue.QWEN_05B, "int8")  # the pair's load made it
+    folder = cache.ensure_cached(catalogue.QWEN_05B, None, "int8")  # the fp16w start made it (test_models_half's laptop)
     before = cached._load_cached_model(folder, "draft")  # fbgemm's dynamic int8 layers, as loads were
     assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in before.modules())
     int8w.int8w_linears(before, kernel)
@@ -581,7 +581,8 @@ def test_the_pairs_tokenizer_keeps_no_python_vocabulary_and_works_as_a_whole_one
     Qwen's) and still gives a fully loaded tokenizer's ids, text, vocabulary and saved files."""
     from transformers import AutoTokenizer
 
-    whole = AutoTokenizer.from_pretrained(cache.cache_folder(catalogue.QWEN_15B, "fp16w"), local_files_only=True)
+    whole = AutoTokenizer.from_pretrained(cache.cache_folder(catalogue.QWEN_15B, qwen_pair.target_precision),
+                                          local_files_only=True)  # the folder the pair's target came from
     lean = qwen_pair.tokenizer
     assert whole._vocab and whole._merges and lean._vocab is None and lean._merges is None  # what is dropped
     text = ("<|im_start|>user\nÉcris «def fibonacci(n):» — 斐波那契 🙂 in\tPython\r\n  return a+b<|im_end|>\n"

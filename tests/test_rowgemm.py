@@ -110,13 +110,13 @@ def test_a_kernel_that_gives_wrong_values_is_refused(tmp_path):
 
 
 @pytest.mark.real
-def test_the_default_targets_own_layers_give_a_row_the_same_bits_in_any_mix(qwen_pair):
-    """Every distinct linear shape of the default target (the lm_head's 151,936 columns included), its real weights,
+def test_the_fp16w_targets_own_layers_give_a_row_the_same_bits_in_any_mix(qwen_fp16w_pair):
+    """Every distinct linear shape of the default pair's fp16w target (the lm_head's 151,936 columns included), its real weights,
     random rows mixed at random: each row's output equals the same row alone, bit for bit; and the batched executor's
     load-time check (whole packed passes of several runs against each alone) finds the same."""
     from specviz.serve.exact import batch_exactness
 
-    target = qwen_pair.target
+    target = qwen_fp16w_pair.target
     layers = {(m.in_features, m.out_features): m for m in target.modules()
               if isinstance(m, half.HalfLinear) and m.panels is not None}
     if not layers:

@@ -36,6 +36,9 @@ class BlockKernel:
     isa: str  # "avx512-vnni", "avx512", "avx2" or "portable"
     path: str  # the shared object, for the record
 
+    def __deepcopy__(self, memo: dict) -> "BlockKernel":
+        return self  # functions, no state: a copied model (precision's int8 twin) shares its kernel
+
     def block_bytes(self, qtype: int) -> int:
         return int(self.lib.blockgemm_block_bytes(qtype))
 

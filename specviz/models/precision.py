@@ -257,6 +257,7 @@ def choose(
     target: str | None = None,
     draft: str | None = None,
     draft_fallback: str = "int8",
+    gguf_here: bool = False,
 ) -> PrecisionChoice:
     """Fill in the precisions not asked for: the target keeps the promise where it can, the draft runs fastest.
 
@@ -265,6 +266,8 @@ def choose(
     `_CLEAR_WIN`) and the fp32 pair fits; else fp32 when the fp32 pair fits in
     60 % of the memory, else bf16 (marked not bit-exact). bf16 is faster only with native bf16
     instructions, and even there it breaks the promise (see the module docstring); it stays one click away.
+    A named GGUF pair on a CPU where blockgemm runs (`gguf_here`) takes gguf first: its file's own blocks, a
+    third of fp16w's bytes a step and still its own target's greedy output.
     Draft: on CUDA half precision; on a CPU the faster of int8 (per channel) and bf16 as measured,
     or `draft_fallback` where the pair asks for fp32 (models whose layers int8 cannot cover).
     """
@@ -273,6 +276,9 @@ def choose(
     fits = target_fp32_bytes + draft_fp32_bytes <= _FIT_SHARE * pr.ram_bytes
     why: list[str] = []
     chosen_target = target
+    if chosen_target is None and gguf_here and draft in (None, "gguf"):
+        chosen_target = "gguf"
+        why.append("target gguf: its GGUF file's own 4-bit blocks (blockgemm), the fastest exact target here")
     if chosen_target is None:
         fp32_clearly_faster = pr.fp16w_ms is not None and pr.fp32_ms < _CLEAR_WIN * pr.fp16w_ms
         if pr.fp16w_ms is not None and target_fp32_bytes >= _HALF_FROM and (not fp32_clearly_faster or not fits):
@@ -289,7 +295,7 @@ def choose(
     chosen_draft = draft
     if chosen_draft is None and chosen_target == "gguf":  # a target on its file's blocks: the draft on its own file's
         chosen_draft = "gguf"
-        why.append("draft gguf: its own GGUF file's blocks, as the target")
+        why.append("draft gguf: its own GGUF file's blocks (at most 4.5 bits a weight), as the target")
     if chosen_draft is None:
         chosen_draft = _fastest_draft(pr, draft_fallback)
         why.append(f"draft {chosen_draft}: " + ("half precision on CUDA" if device == "cuda" else
