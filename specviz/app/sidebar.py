@@ -98,7 +98,10 @@ def _pair_caption(name: str) -> str:
     ready = view is not None and view.status == "ready"
     if name not in models.PAIR_NAMES:  # an operator's hub or folder pair: its description would show where it lives
         return f"A model pair added by this server's operator.  \n**{'loaded ✓' if ready else 'not loaded yet'}**"
-    return f"{spec.description}  \n**{'loaded ✓' if ready else f'Load cost: {spec.load_cost}'}**"
+    if ready:  # what this server's load took, measured (a first start includes its cache's build)
+        took = getattr(view.pair, "load_s", 0.0)
+        return f"{spec.description}  \n**loaded ✓{f' in {took:.0f} s here' if took else ''}**"
+    return f"{spec.description}  \n**Load cost: {spec.load_cost}**"
 
 
 def sidebar_settings() -> Settings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -62,6 +63,7 @@ class LoadedPair:
     weight_bytes: int = 0  # bytes of both models' weights as loaded (the memory cost shown in the app)
     shipped_head: heads.LazyHead | None = None  # the pair's checked head file, built into an EagleHead on first use
     head_problem: str = ""  # why a shipped head was refused (damaged, or made for another target); "" otherwise
+    load_s: float = 0.0  # how long this load took, its cache's build included where it was the first (the sidebar says)
 
     @property
     def head(self) -> Any:
@@ -188,6 +190,7 @@ def load_pair(
     A precision left as None is chosen here (models.precision.choose: fp32 target where it fits, the
     fastest draft as measured); the choice and its reason are part of the result.
     """
+    started = time.perf_counter()
     spec = get_spec(name)
     name, ref_precision = split_ref(name)
     report = progress or _no_progress
@@ -277,6 +280,7 @@ def load_pair(
         weight_bytes=model_bytes(target) + model_bytes(draft),
         shipped_head=head,
         head_problem=head_problem,
+        load_s=time.perf_counter() - started,
     )
 
 
