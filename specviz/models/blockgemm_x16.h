@@ -28,6 +28,12 @@
 #define X16_HINT 0
 #endif
 
+/* a block's lines (gb bytes at o), all asked for at once (or X16_AHEAD blocks ahead) */
+static inline void x16_ask(const uint8_t *o, int64_t gb) {
+    if (X16_AHEAD >= 0)
+        for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+}
+
 #if defined(USE512)
 /* acc + the 4 products of each of 16 rows' bytes in V with the 4 activation bytes at p (u8 x s8, summed per row) */
 static inline __m512i x16_dot(__m512i acc, __m512i v, const int8_t *p) {
@@ -250,8 +256,7 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *o = X + (g * nb + b) * gb;
                 const uint8_t *tail = o + gb - x16_tail(type);
-                /* the block's lines, all asked for at once (X16_AHEAD) */
-                if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+                x16_ask(o, gb);
                 if (blockgemm_block_size(type) == 256) x16_block(type, o, acts, M, K, b, is, im);
                 else x32_block(type, o, acts, M, K, b, is, im);
                 for (int64_t r = 0; r < M; r++)
@@ -368,6 +373,13 @@ static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
    -------------------------------------------------------------------------------------------------------------- */
 #define X16_ROWS 8
 
+/* a chunk's R rows of 16 outputs (+ bias) into y, rows ldy apart */
+static inline __attribute__((always_inline)) void x16_store(int R, const __m512 *acc, const float *bias, float *y,
+                                                             int64_t ldy) {
+    for (int r = 0; r < R; r++)
+        _mm512_storeu_ps(y + r * ldy, bias ? _mm512_add_ps(acc[r], _mm512_loadu_ps(bias)) : acc[r]);
+}
+
 /* the chunk's R rows of one group of 16 outputs, a K type (Q4_K, Q6_K): y rows r0.. r0+R-1 */
 static inline __attribute__((always_inline)) void x16_group_k(int type, int R, const uint8_t *g0, int64_t nb,
                                                                 const Acts *acts, int64_t r0, int64_t K,
@@ -380,7 +392,7 @@ static inline __attribute__((always_inline)) void x16_group_k(int type, int R, c
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g0 + b * gb, *tail = o + gb - x16_tail(type);
         const uint8_t *sc = o + (type == Q6_K ? 3072 : 2048);
-        if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+        x16_ask(o, gb);
         __m512i is[X16_ROWS];
         for (int r = 0; r < R; r++) is[r] = _mm512_setzero_si512();
         for (int j = 0; j < groups; j++) {
@@ -421,11 +433,7 @@ static inline __attribute__((always_inline)) void x16_group_k(int type, int R, c
             acc[r] = _mm512_add_ps(acc[r], t);
         }
     }
-    for (int r = 0; r < R; r++) {
-        __m512 v = acc[r];
-        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
-        _mm512_storeu_ps(y + (r0 + r) * ldy, v);
-    }
+    x16_store(R, acc, bias, y + r0 * ldy, ldy);
 }
 
 /* the same for the 32-blocks (x32_block's integers) */
@@ -439,7 +447,7 @@ static inline __attribute__((always_inline)) void x16_group_32(int type, int R, 
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = g0 + b * gb, *tail = o + gb - x16_tail(type);
-        if (X16_AHEAD >= 0) for (int64_t c = 0; c < gb; c += 64) __builtin_prefetch(o + X16_AHEAD * gb + c, 0, X16_HINT);
+        x16_ask(o, gb);
         __m512i s[X16_ROWS];
         for (int r = 0; r < R; r++) s[r] = _mm512_setzero_si512();
         for (int q = 0; q < 8; q++) {
@@ -475,11 +483,7 @@ static inline __attribute__((always_inline)) void x16_group_32(int type, int R, 
             acc[r] = _mm512_add_ps(acc[r], t);
         }
     }
-    for (int r = 0; r < R; r++) {
-        __m512 v = acc[r];
-        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
-        _mm512_storeu_ps(y + (r0 + r) * ldy, v);
-    }
+    x16_store(R, acc, bias, y + r0 * ldy, ldy);
 }
 
 #define X16_CASE(T, F, N) case N: F(T, N, g0, nb, acts, r0, K, bias, y, ldy); break;
