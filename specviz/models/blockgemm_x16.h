@@ -504,11 +504,17 @@ static void x16_group(int type, int R, const uint8_t *g0, int64_t nb, const Acts
     }
 }
 
-/* x16_linear's result: threads split the groups of 16 rows, each group's activation rows taken X16_ROWS at a time */
+/* x16_linear's result: threads take the groups of 16 rows X16_CHUNK at a time as they come free (a core that the
+   browser or another program holds for a moment then costs its share, not the whole call: with halves fixed in
+   advance, a step of the Qwen 1.5B spread 2.5x between its quartiles beside a browser on the same two cores), each
+   group's activation rows X16_ROWS at a time. A group is computed by one thread, the same way on any: same bits. */
+#ifndef X16_CHUNK
+#define X16_CHUNK 8
+#endif
 static int x16_linear_regs(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
                            const float *bias, float *y, int64_t ldy) {
     int64_t gb = x16_block_bytes(type);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, X16_CHUNK)
     for (int64_t g = 0; g < n / 16; g++)
         for (int64_t r0 = 0; r0 < M; r0 += X16_ROWS) {
             int R = (int)(M - r0 < X16_ROWS ? M - r0 : X16_ROWS);
