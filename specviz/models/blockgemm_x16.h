@@ -27,6 +27,13 @@
 #ifndef X16_HINT
 #define X16_HINT 0
 #endif
+/* Threads take the groups of 16 rows X16_CHUNK at a time as they come free (a core that the browser or another
+   program holds for a moment then costs its share, not the whole call: with halves fixed in advance, a step of the
+   Qwen 1.5B spread 2.5x between its quartiles beside a browser on the same two cores). A group is computed by one
+   thread, the same way on any: the same bits. */
+#ifndef X16_CHUNK
+#define X16_CHUNK 8
+#endif
 
 /* a block's lines (gb bytes at o), all asked for at once (or X16_AHEAD blocks ahead) */
 static inline void x16_ask(const uint8_t *o, int64_t gb) {
@@ -64,17 +71,11 @@ static void x16_keep_scales(int type, const uint8_t *block, uint8_t *tail, int r
     }
 }
 
+#if !defined(USE512) /* the AVX2 and portable paths' pieces (AVX-512 runs x16_linear_regs, at the end) */
 /* one block's float terms for one activation row, 16 outputs: out += (d*da)*is [+ (m*da)*im, types with a min] */
 static inline void x16_fold(const uint8_t *tail, int with_min, float da, const int32_t *is, const int32_t *im,
                             float *out) {
-#if defined(USE512)
-    __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail)), _mm512_set1_ps(da)),
-                             _mm512_cvtepi32_ps(_mm512_loadu_si512(is)));
-    if (with_min)
-        t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 32))),
-                                                         _mm512_set1_ps(da)), _mm512_cvtepi32_ps(_mm512_loadu_si512(im))));
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), t));
-#elif defined(USE256)
+#if defined(USE256)
     for (int h = 0; h < 2; h++) {
         __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 16 * h))),
                                                _mm256_set1_ps(da)),
@@ -93,6 +94,7 @@ static inline void x16_fold(const uint8_t *tail, int with_min, float da, const i
     }
 #endif
 }
+#endif
 
 static int x16_block_bytes(int type) {
     return type == Q4_K ? 2048 + 128 + 256 + 64 : type == Q6_K ? 2048 + 1024 + 256 + 32 : x32_block_bytes(type);
@@ -150,6 +152,7 @@ int blockgemm_repack_x16(int type, const uint8_t *W, int64_t row_bytes, int64_t 
     return 0;
 }
 
+#if !defined(USE512)
 /* one block's value of quad q for the 16 rows, as 64 bytes (portable: the same bytes the vector paths make) */
 static inline void x16_quad(int type, const uint8_t *o, int q, uint8_t *v) {
     const uint8_t *nib = o + (q / 2) * 64, *hi2 = o + 2048 + (q / 4) * 64;
@@ -170,27 +173,6 @@ static inline __attribute__((always_inline)) void x16_block_of(int type, int gro
     memset(is, 0, sizeof(int32_t) * 16 * (size_t)M);
     memset(im, 0, sizeof(int32_t) * 16 * (size_t)M);
     for (int j = 0; j < groups; j++) {
-#if defined(USE512)
-        const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-        __m512i V[8];
-        for (int qq = 0; qq < quads; qq++) {
-            int q = j * quads + qq;
-            __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
-            if (type == Q6_K)
-                v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(
-                        _mm512_loadu_si512(o + 2048 + (q / 4) * 64), 2 * (q % 4)), m2), 4));
-            V[qq] = v;
-        }
-        __m512i scale = type == Q6_K ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)))
-                                     : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
-        for (int64_t r = 0; r < M; r++) {
-            const int8_t *a = acts->q + r * K + b * 256 + 4 * j * quads;
-            __m512i S = _mm512_setzero_si512();
-            for (int qq = 0; qq < quads; qq++) S = x16_dot(S, V[qq], a + 4 * qq);
-            if (type == Q6_K) S = _mm512_sub_epi32(S, _mm512_set1_epi32(32 * (int32_t)acts->sum[r * (K / 16) + b * 16 + j]));
-            _mm512_storeu_si512(is + 16 * r, _mm512_add_epi32(_mm512_loadu_si512(is + 16 * r), _mm512_mullo_epi32(S, scale)));
-        }
-#else
         uint8_t v[8][64];
         for (int qq = 0; qq < quads; qq++) x16_quad(type, o, j * quads + qq, v[qq]);
         for (int64_t r = 0; r < M; r++) {
@@ -204,25 +186,13 @@ static inline __attribute__((always_inline)) void x16_block_of(int type, int gro
                 is[16 * r + t] += (S[t] - off) * scale;
             }
         }
-#endif
     }
     if (type == Q4_K)
         for (int64_t r = 0; r < M; r++) { /* mins of sub-blocks against their activations' sums (of 32) */
             const int16_t *sum = acts->sum + r * (K / 16) + b * 16;
-#if defined(USE512)
-            __m512i v = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) { /* sub-blocks 2p, 2p+1: an int16 pair per row, against the pair of sums */
-                int16_t pair[2] = {(int16_t)(sum[4 * p] + sum[4 * p + 1]), (int16_t)(sum[4 * p + 2] + sum[4 * p + 3])};
-                int32_t both;
-                memcpy(&both, pair, 4);
-                v = _mm512_add_epi32(v, _mm512_madd_epi16(_mm512_loadu_si512(mn + 32 * p), _mm512_set1_epi32(both)));
-            }
-            _mm512_storeu_si512(im + 16 * r, v);
-#else
             for (int j = 0; j < 8; j++)
                 for (int t = 0; t < 16; t++)
                     im[16 * r + t] += (int32_t)mn[((j / 2) * 16 + t) * 2 + j % 2] * (sum[2 * j] + sum[2 * j + 1]);
-#endif
         }
 }
 
@@ -236,7 +206,7 @@ static void x16_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
 static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
                       int32_t *im);
 
-/* y (M, ldy) = x @ W.T + bias, W repacked (n rows); threads split the groups of 16 rows */
+/* y (M, ldy) = x @ W.T + bias, W repacked (n rows); threads take the groups of 16 rows X16_CHUNK at a time */
 static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
                       const float *bias, float *y, int64_t ldy) {
     int64_t gb = x16_block_bytes(type);
@@ -249,7 +219,7 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, X16_CHUNK)
         for (int64_t g = 0; g < n / 16; g++) {
             if (!acc || !is || !im) continue;
             memset(acc, 0, sizeof(float) * 16 * (size_t)M);
@@ -274,6 +244,8 @@ static int x16_linear(int type, const uint8_t *X, int64_t n, int64_t nb, const A
     }
     return failed ? -1 : 0;
 }
+
+#endif
 
 /* ---------------------------------------------------------------------------------------------------------------
    The 32-blocks side by side. Per group of 16 rows and per block:
@@ -309,39 +281,11 @@ static void x32_place(int type, uint8_t *o, int r, const uint8_t *w) {
     }
 }
 
+#if !defined(USE512)
 /* the block's integers for every activation row, 16 outputs each (is, im: (M, 16)); values unpacked once */
 static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, int64_t K, int64_t b, int32_t *is,
                       int32_t *im) {
     int off = x32_offset(type), mins = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
-#if defined(USE512)
-    __m512i V[8];
-    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-    for (int q = 0; q < 8; q++) {
-        if (type == Q8_0) { V[q] = _mm512_loadu_si512(o + 64 * q); continue; }
-        __m512i v = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + (q / 2) * 64), 4 * (q % 2)), m4);
-        if (five)
-            v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(o + 256), q), one), 4));
-        V[q] = v;
-    }
-    for (int64_t r = 0; r < M; r++) {
-        const int8_t *a = acts->q + r * K + b * 32;
-        const int16_t *sum = acts->sum + r * (K / 16) + b * 2;
-        int32_t bsum = (int32_t)sum[0] + sum[1];
-        __m512i S = _mm512_setzero_si512();
-        for (int q = 0; q < 8; q++) {
-#if !defined(__AVX512VNNI__)
-            if (type == Q8_0) { /* bytes up to 255 would overflow maddubs' int16 pairs: the two nibble halves apart */
-                __m512i lo = _mm512_and_si512(V[q], m4), hi = _mm512_and_si512(_mm512_srli_epi16(V[q], 4), m4);
-                S = _mm512_add_epi32(x16_dot(S, lo, a + 4 * q), _mm512_slli_epi32(x16_dot(_mm512_setzero_si512(), hi, a + 4 * q), 4));
-                continue;
-            }
-#endif
-            S = x16_dot(S, V[q], a + 4 * q);
-        }
-        _mm512_storeu_si512(is + 16 * r, _mm512_sub_epi32(S, _mm512_set1_epi32(off * bsum)));
-        _mm512_storeu_si512(im + 16 * r, _mm512_set1_epi32(mins ? bsum : 0));
-    }
-#else
     uint8_t v[8][64];
     for (int q = 0; q < 8; q++)
         for (int t = 0; t < 64; t++) {
@@ -361,8 +305,8 @@ static void x32_block(int type, const uint8_t *o, const Acts *acts, int64_t M, i
             im[16 * r + t] = mins ? bsum : 0;
         }
     }
-#endif
 }
+#endif
 
 #if defined(USE512)
 /* ---------------------------------------------------------------------------------------------------------------
@@ -504,13 +448,8 @@ static void x16_group(int type, int R, const uint8_t *g0, int64_t nb, const Acts
     }
 }
 
-/* x16_linear's result: threads take the groups of 16 rows X16_CHUNK at a time as they come free (a core that the
-   browser or another program holds for a moment then costs its share, not the whole call: with halves fixed in
-   advance, a step of the Qwen 1.5B spread 2.5x between its quartiles beside a browser on the same two cores), each
-   group's activation rows X16_ROWS at a time. A group is computed by one thread, the same way on any: same bits. */
-#ifndef X16_CHUNK
-#define X16_CHUNK 8
-#endif
+/* x16_linear's result: threads take the groups X16_CHUNK at a time as they come free, each group's activation rows
+   X16_ROWS at a time */
 static int x16_linear_regs(int type, const uint8_t *X, int64_t n, int64_t nb, const Acts *acts, int64_t M, int64_t K,
                            const float *bias, float *y, int64_t ldy) {
     int64_t gb = x16_block_bytes(type);
