@@ -8,6 +8,7 @@ The table spares each load gguf's reader, which parses the whole vocabulary (7 s
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel, draft: bool
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     processor = TENSOR_PROCESSORS.get(info["architecture"], TensorProcessor)(config=config.to_dict())
+    _memoize_name_maps()
     names = get_gguf_hf_weights_map(model, processor)
     quantized: dict[str, tuple[torch.Tensor, int, int]] = {}  # module name -> (blocks, type, in_features)
     plain: dict[str, torch.Tensor] = {}  # parameter name -> fp32 tensor
@@ -93,6 +95,19 @@ def load_model(folder: Path, title: str, kernel: blocks.BlockKernel, draft: bool
     model.gguf_file = str(folder / GGUF_FILE)  # for the record (what the page and the bench name)
     setattr(model, lean.GLUE, kernel)  # norms, rotary and the gate as one kernel call each (core.lean)
     return model.eval()
+
+
+def _memoize_name_maps() -> None:
+    """gguf's TensorNameMap of an architecture built once per process: get_gguf_hf_weights_map builds a new one at each
+    of the ~700 modules it recurses into (5-12 s of a load, mostly formatted names). The map is a pure function of
+    (architecture, blocks) and its callers only read it, so every caller in the process may share one: installed once,
+    never undone (unlike stream.one_gguf_reader's swap of the reader, which only a build's child process sees)."""
+    import gguf
+
+    if not getattr(gguf.get_tensor_name_map, "specviz_memo", False):
+        memo = functools.lru_cache(maxsize=16)(gguf.get_tensor_name_map)
+        memo.specviz_memo = True  # type: ignore[attr-defined]
+        gguf.get_tensor_name_map = memo  # transformers imports it from the module at each call
 
 
 def requantized(quantized: dict[str, tuple[torch.Tensor, int, int]], kernel: blocks.BlockKernel,
