@@ -638,6 +638,19 @@ def test_default_precision_is_chosen_from_the_machine(monkeypatch, probe, target
     assert ("no native bf16" in choice.reason) != probe.native_bf16  # the reason says what was measured
 
 
+def test_a_gguf_choice_measures_nothing(monkeypatch) -> None:
+    """gguf on both sides leaves nothing to weigh: a start does not pay for the probe's timings."""
+    def no_probe(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the probe ran")
+
+    monkeypatch.setattr(prec, "probe", no_probe)
+    for draft in (None, "gguf"):
+        choice = prec.choose("cpu", 7_100_000_000, 2_000_000_000, draft=draft, gguf_here=True)
+        assert (choice.target, choice.draft) == ("gguf", "gguf") and "draft gguf" in choice.reason
+    with pytest.raises(AssertionError, match="the probe ran"):  # a draft of its own precision is weighed as before
+        prec.choose("cpu", 7_100_000_000, 2_000_000_000, draft="int8", gguf_here=True)
+
+
 def test_a_small_target_keeps_fp32_where_fp16w_would_be_faster(monkeypatch) -> None:
     monkeypatch.setattr(prec, "probe", lambda device="cpu", shape=(1536, 8960): _probe(False, 4.2, 2.0, 0.5, 24, fp16w=1.8))
     assert prec.choose("cpu", 540_000_000, 540_000_000).target == "fp32"  # SmolLM2-135M: overhead-bound, not weight-bound

@@ -269,3 +269,76 @@ def test_the_gguf_form_moves_only_a_joined_copy_and_leaves_a_packaged_file_in_pl
     joined.write_bytes(b"GGUF" + bytes(8))
     cache._place_file(joined, tmp_path / "moved.gguf", joined=True)
     assert not joined.exists() and (tmp_path / "moved.gguf").read_bytes() == b"GGUF" + bytes(8)
+
+
+def test_two_gguf_forms_build_side_by_side_on_one_bar_that_never_goes_back(tmp_cache: Path, monkeypatch) -> None:
+    """A pair's two gguf forms are built at once (two threads), their progress one weighted bar, never backwards."""
+    import threading
+
+    from specviz.models import gguf
+
+    target = GgufSource(key="t", title="T", filename="t.gguf", sha256="a" * 64, parts=((None,) * 3))  # type: ignore[arg-type]
+    draft = GgufSource(key="d", title="D", filename="d.gguf", sha256="b" * 64, parts=((None,)))  # type: ignore[arg-type]
+    both_running = threading.Barrier(2, timeout=10)  # each build waits for the other: one after the other would fail
+
+    def fake_build(src: GgufSource, report, form: str) -> Path:
+        assert form == "gguf"
+        report(0.5, f"{src.title} half")
+        both_running.wait()
+        report(0.25, f"{src.title} a late, lower report")
+        report(1.0, f"{src.title} done")
+        return tmp_cache / src.key
+
+    monkeypatch.setattr(cache, "ensure_cached", fake_build)
+    seen: list[float] = []
+    folders = gguf.ensure_gguf_forms(draft, target, lambda f, m: seen.append(f))
+    assert folders == (tmp_cache / "t", tmp_cache / "d")
+    assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
+    assert pytest.approx(0.5) in seen  # both halfway: weighed by parts (3 to 1), 0.75 * 0.5 + 0.25 * 0.5
+
+
+def test_forms_built_ahead_are_waited_for_with_their_progress_then_found(tmp_cache: Path, monkeypatch) -> None:
+    """build_ahead starts the forms in the background; the load that follows waits for them, showing their progress,
+    and builds nothing again."""
+    import threading
+
+    from specviz.models import gguf
+
+    target = GgufSource(key="t2", title="T", filename="t.gguf", sha256="a" * 64, parts=((None,)))  # type: ignore[arg-type]
+    draft = GgufSource(key="d2", title="D", filename="d.gguf", sha256="b" * 64, parts=((None,)))  # type: ignore[arg-type]
+    release = threading.Event()
+    built: list[str] = []
+
+    def fake_build(src: GgufSource, report, form: str) -> Path:
+        if src.key in built:
+            report(1.0, f"{src.title}: found in the cache")
+            return tmp_cache / src.key
+        report(0.5, f"{src.title}: joining")
+        assert release.wait(10)
+        built.append(src.key)
+        report(1.0, f"{src.title}: built")
+        return tmp_cache / src.key
+
+    monkeypatch.setattr(cache, "ensure_cached", fake_build)
+    gguf.build_ahead(draft, target)
+    messages: list[str] = []
+    threading.Timer(0.3, release.set).start()
+    assert gguf.ensure_gguf_forms(draft, target, lambda f, m: messages.append(m)) == (tmp_cache / "t2", tmp_cache / "d2")
+    assert sorted(built) == ["d2", "t2"]  # each built once, in the background
+    assert any("joining" in m or "built" in m for m in messages)  # the waiting load showed the background's progress
+
+
+def test_a_form_is_built_from_the_cached_gguf_form_without_joining_the_parts_again(tmp_cache: Path, monkeypatch) -> None:
+    """After the default's first start (the gguf form cached), a switch to fp16w reads that form's file: no parts."""
+    src = _source("switch")
+
+    def no_parts(*args, **kwargs):
+        raise AssertionError("the parts were joined again")
+
+    monkeypatch.setattr(cache, "_verified_gguf", no_parts)
+    monkeypatch.setattr(cache, "_cache_is_valid", lambda folder, s, form="fp32", legacy_only=False: form == "gguf")
+    with cache._source_file(src, "fp16w", lambda f, m: None) as path:
+        assert path == cache_folder(src, "gguf") / "model.gguf"
+    with pytest.raises(AssertionError, match="joined again"):  # the gguf form itself is always made from the parts
+        with cache._source_file(src, "gguf", lambda f, m: None):
+            pass

@@ -168,6 +168,7 @@ def _show_link_notes(box: Any, settings: Settings) -> None:
 def start_pair() -> model_fit.StartPair:
     """The pair a visitor starts on: the default where it fits this machine's memory, else the light pair (once per server)."""
     try:
+        models.build_ahead(models.DEFAULT_PAIR)  # a first start: its files are joined while the kernel below compiles
         precision = models.choose_precisions(models.DEFAULT_PAIR).target  # a quick cached probe: the fp16w peak is half
     except models.PairError:
         precision = None

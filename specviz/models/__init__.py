@@ -8,6 +8,7 @@ from specviz.models.registry import (
     PAIR_NAMES,
     LoadedPair,
     PairSpec,
+    build_ahead,
     choose_precisions,
     get_spec,
     load_pair,
@@ -21,5 +22,5 @@ from specviz.models.tiny import tiny_tokenizer
 __all__ = [
     "DEFAULT_PAIR", "PAIR_NAMES", "LoadedPair", "PairError", "PairSpec", "LoadProgress",
     "cache_dir", "ensure_cached", "get_spec", "load_pair", "tiny_tokenizer",
-    "BIT_EXACT", "choose_precisions", "memory_estimate", "pair_ref", "split_ref",
+    "BIT_EXACT", "build_ahead", "choose_precisions", "memory_estimate", "pair_ref", "split_ref",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,6 +248,13 @@ def required_kernel() -> BlockKernel:
         raise PairError("the gguf precision needs blockgemm, which could not be built or failed its checks here "
                         "(no C compiler, or SPECVIZ_BLOCKGEMM=0): choose fp16w or fp32")
     return kern
+
+
+def may_build() -> bool:
+    """Whether this process has yet to build or load its kernel and could (not switched off, a C compiler present):
+    a first start, where compiling is worth overlapping with other work."""
+    return (kernel.cache_info().currsize == 0 and os.environ.get(_ENV_OFF, "1").strip() != "0"
+            and rowgemm._compiler() is not None)
 
 
 @functools.lru_cache(maxsize=4)

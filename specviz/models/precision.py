@@ -272,13 +272,18 @@ def choose(
     or `draft_fallback` where the pair asks for fp32 (models whose layers int8 cannot cover).
     """
     check(target, draft)
-    pr = probe(device)
-    fits = target_fp32_bytes + draft_fp32_bytes <= _FIT_SHARE * pr.ram_bytes
     why: list[str] = []
     chosen_target = target
     if chosen_target is None and gguf_here and draft in (None, "gguf"):
         chosen_target = "gguf"
         why.append("target gguf: its GGUF file's own 4-bit blocks (blockgemm), the fastest exact target here")
+    if chosen_target == "gguf" and draft in (None, "gguf"):
+        # nothing to weigh: the draft follows the target onto its own file's blocks, and the probe's fp32, bf16 and
+        # int8 timings (a second or two of a start) would decide nothing
+        why.append("draft gguf: its own GGUF file's blocks (at most 4.5 bits a weight), as the target")
+        return PrecisionChoice("gguf", "gguf", target is None, draft is None, "; ".join(why))
+    pr = probe(device)
+    fits = target_fp32_bytes + draft_fp32_bytes <= _FIT_SHARE * pr.ram_bytes
     if chosen_target is None:
         fp32_clearly_faster = pr.fp16w_ms is not None and pr.fp32_ms < _CLEAR_WIN * pr.fp16w_ms
         if pr.fp16w_ms is not None and target_fp32_bytes >= _HALF_FROM and (not fp32_clearly_faster or not fits):

@@ -23,6 +23,7 @@ from specviz.models.cached import _return_freed_memory
 from specviz.models.catalogue import _PAIR_SOURCES, cache_form
 from specviz.models.fit import check_fit
 from specviz.models.gguf import _load_gguf_pair
+from specviz.models.gguf import build_ahead as gguf_ahead
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
 
@@ -196,6 +197,8 @@ def load_pair(
     report = progress or _no_progress
     host.configure_threads()  # torch's threads fit the container's CPU quota, not the host's cores (once per process)
     dev = _resolve_device(device)
+    if dev.type == "cpu":
+        build_ahead(name, target_precision or ref_precision, draft_precision)
     choice = choose_precisions(name, dev.type, target_precision or ref_precision, draft_precision)
     # before any file is read: a pair that cannot fit is refused (the fp32 figure where its precision has none)
     check_fit(name, precision=choice.target)
@@ -328,6 +331,19 @@ def choose_precisions(
         )
     except ValueError as e:
         raise PairError(str(e)) from None
+
+
+def build_ahead(name: str, target: str | None = None, draft: str | None = None) -> None:
+    """On a first start of a named GGUF pair that would run at gguf, begin building its gguf cache forms in the
+    background (models.gguf.build_ahead) before the blockgemm kernel compiles: the kernel decides the precision, and
+    compiling it (one core, 6-8 s) and joining the files (hashing and tokenizers, one core each) then overlap. Where
+    the kernel then fails, the forms stay unused. Nothing happens once the kernel is loaded in this process."""
+    name, ref_precision = split_ref(name)
+    target = target or ref_precision
+    spec = get_spec(name)
+    if (name in _PAIR_SOURCES and spec.file_precision and target in (None, "gguf") and draft in (None, "gguf")
+            and blocks.may_build()):
+        gguf_ahead(*_PAIR_SOURCES[name])
 
 
 def memory_estimate(name: str, target_precision: str, draft_precision: str) -> int | None:
