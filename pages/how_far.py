@@ -29,7 +29,7 @@ SLOT = jobs.Slot(P + "key", ("Measuring γ",), "Measure", changed=(
     "until then the previous measurement stays on screen."))
 SHAPE_SLOT = jobs.Slot(P + "shape_key", ("Chain and tree runs",), "Compare chain and tree", changed=(
     "The sizes or settings changed since this comparison. Press **{button}** to run them; "
-    "until then the previous comparison stays on screen."))
+    "until then the previous comparison stays on screen."), adopt=False)  # a visitor sees it after their own press
 ss = st.session_state
 
 
@@ -279,7 +279,8 @@ def main() -> None:
         current = (_job_key(cfg),)
         if requested:
             jobs.start(SLOT, {current[0]: lambda: how_far.sweep_steps(pair, prompt.ids, cfg)})
-    done = jobs.results(SLOT, current)
+    # another visitor's sweep of these settings is shown only once this visitor has made their own prediction
+    done = jobs.results(SLOT, current, adopt=predict.choice(P, predict_view.gamma_question(gammas)) is not None)
     sweep: Sweep | None = done[0] if done else None
 
     question = predict_view.gamma_question(sweep.config.gammas if sweep is not None else sorted(gammas))

@@ -60,7 +60,7 @@ def _source(s: Settings, bench_path: Path | None) -> str:
     return source
 
 
-def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
+def _run_now(s: Settings, requested: bool, predicted: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
     cfg = where_it_helps.workloads_config(s)
     st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
@@ -73,14 +73,18 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
         if pair is None:
             return None
         jobs.start(SLOT, {key: lambda: where_it_helps.workload_steps(pair, cfg)})
-    done = jobs.results(SLOT, (key,))
+    done = jobs.results(SLOT, (key,), adopt=predicted)  # another visitor's run only after this one's prediction
     if SLOT.shown() is None:
         st.caption("Nothing measured yet with these settings: press **Run the workloads**.")
     return done[0] if done else None
 
 
-def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
-    """Source 2: the newest `python -m specviz bench` CSV for this pair."""
+def _show_bench() -> None:
+    ss[P + "bench_shown"] = True
+
+
+def _bench(s: Settings, path: Path | None, predicted: bool) -> WorkloadResults | None:
+    """Source 2: the newest `python -m specviz bench` CSV for this pair, once this visitor predicted or asked for it."""
     if path is None:
         st.info(f"No benchmark file for `{s.pair}` in `benchmarks/`. Make one with "
                 f"`python -m specviz bench --pair {s.pair}` (add `--quick` for a shorter run), "
@@ -105,6 +109,10 @@ def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
         ss[P + "bench_method"] = default
     method = right.selectbox("Method shown", methods, key=P + "bench_method", format_func=where_it_helps.bench_method_words)
     _provenance(file, s)
+    if not (predicted or ss.get(P + "bench_shown")):  # the file is the answer: it waits for this visitor
+        st.button("Show the recorded results", key=P + "bench_go", icon=":material/history:", type="primary",
+                  on_click=_show_bench)
+        return None
     return where_it_helps.bench_results(file, s.pair, method, mode)
 
 
@@ -197,7 +205,8 @@ def _helpers_section(s: Settings) -> None:
         for line in helpers.available(pair, cfg.helpers)[1]:
             st.info(f"Left out: {line}", icon=":material/info:")
         jobs.start(HELPERS_SLOT, {key: lambda: helpers.helpers_steps(pair, cfg)})
-    done = jobs.results(HELPERS_SLOT, (key,))
+    predicted = all(predict.choice(P, q) is not None for q in questions.values())
+    done = jobs.results(HELPERS_SLOT, (key,), adopt=predicted)  # another visitor's race only after these predictions
     result = done[0] if done else None
     if result is None:
         with asking:
@@ -225,7 +234,8 @@ def main() -> None:
     bench_path = where_it_helps.find_bench(s.pair)
     source = _source(s, bench_path)
     question = predict_view.workload_question([p.title for p in PRESETS])
-    res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
+    predicted = predict.choice(P, question) is not None
+    res = _run_now(s, requested, predicted) if source == "run" else _bench(s, bench_path, predicted)
     scored = [r for r in res.rows if r.speedup is not None] if res is not None else []
     if not scored:
         predict.ask(P, question)

@@ -69,8 +69,10 @@ KERNELS = Section("kernels", ("Two ways to do the sums", "Two kernels, one layer
 
 
 def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], Any],
-                 note: str | None = None) -> Any:
-    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done."""
+                 note: str | None = None, adopt: bool = False) -> Any:
+    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done.
+
+    `adopt`: show another visitor's measurement of these settings unasked (only once this visitor predicted)."""
     st.subheader(sec.title[s.level != "d1"])
     lesson_md(s.level, sec.lesson)
     if note:
@@ -89,7 +91,7 @@ def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: 
         pair = pair_or_message(s.pair, key=P + "retry")
         if pair is not None:
             jobs.start(slot, {key: lambda: make(pair, cfg)})
-    done = jobs.results(slot, (key,))
+    done = jobs.results(slot, (key,), adopt=adopt)
     return done[0] if done else None
 
 
@@ -121,7 +123,8 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
 
 def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
-                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg))
+                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg),
+                        adopt=predict.choice(P, predict_view.CHEAP) is not None)
     if cost is None or 16 not in cost.ks:
         predict.ask(P, predict_view.CHEAP, "Answer, then press the button: the stopwatch answers it.")
     if cost is None:
@@ -194,7 +197,7 @@ def _profile_section(s: Settings) -> None:
         pair = pair_or_message(s.pair, key=P + "retry_profile")
         if pair is not None:
             jobs.start(slot, {key: lambda: measure_round_profile(pair, cfg)})
-    done = jobs.results(slot, (key,))
+    done = jobs.results(slot, (key,), adopt=False)  # a visitor sees a profile after their own press
     if not done:
         return
     found = done[0]

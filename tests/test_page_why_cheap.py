@@ -100,6 +100,16 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     no_exception(at)
     assert "changed since this measurement" in texts(at) and pass_done(at)
 
+    # a second visitor with the same settings: the shared measurement waits for their own prediction
+    other = open_page(level="d2")
+    other.number_input(key="why_cheap.pass_repeats").set_value(2).run()
+    no_exception(other)
+    assert not pass_done(other) and "why_cheap.pass" not in other.session_state and "Answer" not in html(other)
+    other.radio(key="why_cheap.predict.cheap").set_value(other.radio(key="why_cheap.predict.cheap").options[0]).run()
+    no_exception(other)
+    assert pass_done(other) and other.session_state["why_cheap.pass"] == key and "You predicted" in html(other)
+    assert jobs.runner().get(key) is job  # shared, not re-run
+
 
 def test_the_recorded_batches_answer_the_prediction_with_chart_table_and_downloads():
     at = open_page(level="d5")
