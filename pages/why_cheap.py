@@ -25,7 +25,7 @@ from specviz.labs import busy
 from specviz.bench.batch import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
     GPU_FIGURES, KernelConfig, PassCost, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
-    measure_pass_cost, measure_round_profile,
+    measure_loaded_pass_cost, measure_round_profile,
 )
 from specviz.viz import why_cheap as why_cheap_view
 
@@ -123,7 +123,7 @@ def _pass_words(cost: PassCost, s: Settings) -> str:
 
 def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
-                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg),
+                        lambda pair, cfg: measure_loaded_pass_cost(pair, s.pair, cfg),
                         adopt=predict.choice(P, predict_view.CHEAP) is not None)
     if cost is None or 16 not in cost.ks:
         predict.ask(P, predict_view.CHEAP, "Answer, then press the button: the stopwatch answers it.")
@@ -147,7 +147,7 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
     _noise_note(cost.spread, s)
     if s.level == "d5":
         st.dataframe(why_cheap_view.pass_table(cost), hide_index=True)
-    st.caption(_machine_line(cost))
+    st.caption(_machine_line(cost, s.level))
 
 
 def _kernel_words(kc: Any, s: Settings) -> str:
@@ -222,10 +222,16 @@ def _noise_note(spread: float, s: Settings) -> None:
                "with more repeats when the server is quiet.", icon=":material/timer_off:")
 
 
-def _machine_line(measured: PassCost) -> str:
+def _machine_line(measured: PassCost, level: str) -> str:
+    """Where the figures were timed, from the record: the machine, and (D2/D5) the weights and kernel that ran."""
     m = measured.machine
+    if level == "d1":
+        where = "this computer's processor, no graphics card" if m.device == "cpu" else "this computer's graphics card"
+        return f"Timed on {where} ({m.name}), after the big model had read {measured.context_tokens} words of code."
     where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
-    return f"Measured on {where}, pair {measured.pair}, with {measured.context_tokens} tokens already in the KV cache."
+    weights = f", target weights: {measured.weights}" if measured.weights else ""
+    return (f"Measured on {where}, pair {measured.pair}{weights}, with {measured.context_tokens} tokens already in "
+            "the KV cache.")
 
 
 # ------------------------------------------------------------------------------------------

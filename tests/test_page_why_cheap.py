@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from specviz import models
 from specviz.bench import timing
 from specviz.app import jobs
 from specviz.labs import busy
@@ -81,10 +82,13 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     assert len(charts(at)) == 2
     d2_words = texts(at)
     assert "this server's CPU" in d2_words and "no GPU" in d2_words
+    pair = models.load_pair("tiny-random")  # the page names the weights and kernel that ran, from the record
+    assert f"target weights: {vc.weights_words(pair.target_precision, pair.target_kernel)}," in d2_words
 
     at.radio(key="cfg.level").set_value("d1").run()  # a view change: new words, same measurement
     no_exception(at)
     assert "words at once" in texts(at) and "One plain decoding step" not in texts(at)
+    assert "Timed on this computer's processor" in texts(at) and "KV cache" not in texts(at)  # D1: the story's words
     assert "words checked at once" in chart_titles(at)
     at.radio(key="cfg.level").set_value("d5").run()
     no_exception(at)
