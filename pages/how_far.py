@@ -12,7 +12,7 @@ from specviz.app.prompt import encode, preset_buttons, repaired_prompt
 from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
-from specviz.labs import chain_or_tree, how_far
+from specviz.labs import chain_or_tree, how_far, ranking
 from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
 from specviz.app import predict
 from specviz.app.settings import cut_long_prompt
@@ -20,7 +20,6 @@ from specviz.viz import predict as predict_view
 from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.viz import chain_or_tree as chain_or_tree_view
 from specviz.viz import how_far as how_far_view
-from specviz.viz import strip
 
 P = "how_far."  # session_state prefix of this page
 SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
@@ -99,13 +98,12 @@ def _job_key(cfg: SweepConfig) -> jobs.Key:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
+    lead = sweep.leaders()
     curves = how_far.main_curves(sweep)  # the best γ of the main curve: with the measured verify cost
     lev = curves.best if curves else None
     if s.level == "d1":
         if best is not None and best.speedup:
-            st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
-                        f"with it the answer came **{strip.speed_words(best.speedup)}** "
-                        f"({best.speedup:.1f} times as fast as the big model alone).")
+            st.markdown(how_far_view.fastest_words(lead))
         return
     slots = [st.container() for _ in range(5)] if s.presenter else list(st.columns(5))  # large type needs the width
     slots[0].metric("α (measured)", f"{sweep.alpha:.2f}" if sweep.alpha is not None else "–",
@@ -117,7 +115,9 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
                     help="Median time of one target forward for one new token, measured on this machine.")
     slots[3].metric("best γ (expected)", str(lev) if lev else "–",
                     help="The peak of the main curve: Leviathan's formula with the measured cost of a verify pass.")
-    slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
+    slots[4].metric("best γ (measured)", " ≈ ".join(str(p.gamma) for p in lead) + f" ({best.speedup:.2f}×)"
+                    if best and best.speedup else "–",
+                    help=f"Several γ joined by ≈ came within {ranking.MIN_MARGIN:.0%} of the fastest: about the same.")
 
 
 def _sliders(sweep: Sweep | None) -> tuple[float, float]:
@@ -291,7 +291,8 @@ def main() -> None:
     if sweep is not None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
         if best is not None and best.speedup is not None:
-            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup))
+            tied = [(p.gamma, p.speedup) for p in sweep.leaders()[1:]]  # about the same: each counts as right
+            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup, tied, ranking.MIN_MARGIN))
         _metrics(sweep, s)
     slider = _sliders(sweep) if s.level != "d1" else None
     _chart(sweep, s, slider)

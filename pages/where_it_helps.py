@@ -16,7 +16,7 @@ from specviz.viz import predict as predict_view
 from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page
 from specviz.app.sidebar import settings
-from specviz.labs import helpers, where_it_helps
+from specviz.labs import helpers, ranking, where_it_helps
 from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
 from specviz.viz import strip
 from specviz.viz import helpers as helpers_view
@@ -139,7 +139,9 @@ def _results(res: WorkloadResults, s: Settings) -> None:
     if not res.rows:
         st.info("No workload could be measured.")
     else:
-        st.markdown(where_it_helps_view.headline(res.rows, s.level))
+        st.markdown(where_it_helps_view.headline(res, s.level))
+        if noise := where_it_helps_view.noise_sentence(res, s.level):
+            st.caption(noise)
         chart(where_it_helps_view.workload_bars(res.rows, s.level, font_size(s)), P + "bars")
         _summary(res, s)
         if s.level != "d1":
@@ -218,9 +220,11 @@ def _helpers_section(s: Settings) -> None:
                         key=lambda p: -p.speedup)
         if ranked:
             second = ranked[1] if len(ranked) > 1 else None
+            tied = result.leaders(preset)[1:]  # within the margin of the fastest: about the same, each one right
             predict.reveal(P, q, predict_view.reveal_helper(
                 helpers_view.helper_name(ranked[0].helper, s.level), ranked[0].speedup,
-                helpers_view.helper_name(second.helper, s.level) if second else None, second.speedup if second else None))
+                helpers_view.helper_name(second.helper, s.level) if second else None, second.speedup if second else None,
+                [(helpers_view.helper_name(p.helper, s.level), p.speedup) for p in tied], ranking.MIN_MARGIN))
     st.markdown(helpers_view.verdict(result, s.level))
     chart(helpers_view.helpers_figure(result, s.level, font_size(s)), P + "helpers_chart")
     if not d1:
@@ -242,8 +246,9 @@ def main() -> None:
     st.divider()
     if res is not None:
         if scored:
-            best = max(scored, key=lambda r: r.speedup)
-            predict.reveal(P, question, predict_view.reveal_workload(best.title, best.speedup))
+            best, *tied = res.leaders()  # several: about the same, and a prediction of any of them is right
+            predict.reveal(P, question, predict_view.reveal_workload(
+                best.title, best.speedup, [(r.title, r.speedup) for r in tied], res.margin))
         _results(res, s)
     lesson_md(s.level, "where_why")
     if s.level == "d5":

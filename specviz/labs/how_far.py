@@ -17,6 +17,7 @@ from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.limits import APP_MAX_NEW_RANGE
+from specviz.labs import ranking
 from specviz.models import drafting
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
@@ -111,6 +112,11 @@ class Sweep:
     def best_measured(self) -> GammaPoint | None:
         scored = [p for p in self.points if p.speedup is not None]
         return max(scored, key=lambda p: p.speedup) if scored else None
+
+    def leaders(self) -> tuple[GammaPoint, ...]:
+        """The fastest γ and every γ within ranking.MIN_MARGIN of it (one run each against one baseline, so no spread
+        is measured here: the floor decides; several leaders are "about the same", each a right prediction)."""
+        return ranking.leaders(self.points, lambda p: p.speedup, ranking.MIN_MARGIN)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specviz.core import metrics
+from specviz.labs import ranking
 from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME
 from specviz.bench.report import safe_name
 from specviz.core import drafters
@@ -60,6 +61,21 @@ class WorkloadResults:
     rows: tuple[WorkloadRow, ...]
     skipped: tuple[str, ...] = ()  # workloads that could not run (with the reason)
     target_step_ms: float | None = None  # run now: median one-token target step over all baselines
+
+    @property
+    def timing_spread(self) -> float | None:
+        """How far the target-alone runs' ms/token differed across workloads: the same model timed six times on short
+        prompts, so their spread is this measurement's timing noise (a slow spell in one baseline shows here)."""
+        return ranking.spread(r.baseline_ms_per_token for r in self.rows)
+
+    @property
+    def margin(self) -> float:
+        """The relative lead a workload (or a group) needs to be called the winner of this measurement."""
+        return ranking.margin(self.timing_spread)
+
+    def leaders(self) -> tuple[WorkloadRow, ...]:
+        """The workload that gained most and every one within the margin of it (several: about the same)."""
+        return ranking.leaders(self.rows, lambda r: r.speedup, self.margin)
 
     def group_mean(self, group: str, field: str) -> float | None:
         """Mean of one field over a group's workloads (None when nothing was measured)."""

@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.labs.how_far import Curves, GammaPoint, Sweep, expected_at
-from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
+from specviz.viz import strip
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout, span
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -199,3 +200,18 @@ def position_sentence(shares: Sequence[float], gamma: float | None = None) -> st
             "only when every guess before it in the round was accepted, so each further position is accepted at "
             "most as often as the one before: the last guesses of a long draft are the ones that rarely pay for "
             "their drafting.")
+
+
+def fastest_words(lead: Sequence[GammaPoint]) -> str:
+    """D1: the fastest number of guesses, or the few that came out about the same, with the story's words."""
+    def guesses(g: int) -> str:
+        return f"{g} {'guess' if g == 1 else 'guesses'}"
+
+    best = lead[0]
+    if len(lead) == 1:
+        return (f"The fastest was **{guesses(best.gamma)} per turn**: with it the answer came "
+                f"**{strip.speed_words(best.speedup)}** ({best.speedup:.1f} times as fast as the big model alone).")
+    names = " and ".join(guesses(p.gamma) for p in sorted(lead, key=lambda p: p.gamma))
+    lo, hi = min(p.speedup for p in lead), max(p.speedup for p in lead)  # type: ignore[type-var]
+    return (f"**{names} per turn** came out about the same ({span(lo, hi, 1)} times as fast as the big model "
+            "alone): too close to name one winner.")
