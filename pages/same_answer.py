@@ -107,9 +107,8 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     variant = _twin_toggle(pair, s)
     key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config, variant)
     problem = prompt.problem(s.max_new_tokens)
-    st.caption(f"{pair.spec.title} · drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma}"
-               f"{' (adaptive)' if s.adaptive else ''} · {s.max_new_tokens} new tokens · greedy "
-               "(the sidebar's pair, drafter, γ and max new tokens)")
+    st.caption(same_answer_view.greedy_plan(s.level, pair.spec.title, drafters.spec(s.drafter).title, s.gamma,
+                                            s.adaptive, s.max_new_tokens))
     label = "Run both and compare" if not d1 else "Let both write"
     st.button(label, key=P + "greedy_go", type="primary", icon=":material/compare_arrows:", on_click=_request,
               args=("greedy_req",), disabled=bool(problem))
@@ -236,11 +235,9 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     cfg = same_answer.sample_config(s, int(ss[P + "n"]), int(ss[P + "tokens"]))
     spec = same_answer.spec_config(s, bool(ss[P + "wrong"]), int(ss[P + "k"]))
     sp = cfg.sampling
-    where = ("The sidebar is on greedy, so this part uses the sidebar's sampling settings anyway: "
-             if s.mode == "greedy" else "Sampling settings from the sidebar: ")
-    st.caption(f"{where}temperature {sp.temperature:g}, top-p {sp.top_p:g}, seed {sp.seed} · {pair.spec.title} · "
-               f"drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma} (fixed here; a sample drafts at most "
-               f"{max(1, cfg.n_tokens - 1)} of them) · rule: {same_answer.RULE_TITLES[spec.rule].split(':')[0]}")
+    st.caption(same_answer_view.sampling_plan(s.level, s.mode == "greedy", sp.temperature, sp.top_p, sp.seed,
+                                              pair.spec.title, drafters.spec(s.drafter).title, s.gamma, cfg.n_tokens,
+                                              same_answer.RULE_TITLES[spec.rule].split(':')[0]))
     ref_key = ("same_answer.ref", pair.spec.name, prompt.text, cfg)
     spec_key = ("same_answer.spec", pair.spec.name, prompt.text, cfg, spec)
     problem = prompt.problem(max(2, cfg.n_tokens))

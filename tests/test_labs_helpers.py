@@ -66,3 +66,10 @@ def test_helpers_a_pair_cannot_run_are_named_and_left_out():
     assert ok == ("ngram",) and len(missing) == 3 and any("ships no trained head" in m for m in missing)
     with pytest.raises(ValueError, match="unknown drafter"):
         helpers.HelpersConfig("tiny-random", SamplingConfig("greedy"), helpers=("oracle",))
+
+
+def test_the_table_is_rounded_as_it_is_read():
+    cfg = helpers.HelpersConfig("tiny-random", SamplingConfig("greedy"))
+    raw = helpers.HelpersResult(cfg, (helpers.HelperPoint("code", "model", 0.833333, 0.123456, 10.666667, 1.456789, True),))
+    row = view.helpers_table(raw, "d5").iloc[0]
+    assert row["tokens / target call"] == 10.67 and row["speed-up"] == 1.46 and row["α (accepted ÷ checked)"] == 0.83

@@ -88,6 +88,9 @@ def test_sampling_shows_the_test_and_levels_change_words_not_the_run():
     set_level(at, "d1")
     assert "how often" in at.get("plotly_chart")[0].proto.spec and not at.metric
     assert at.title[0].value == "Does the helper change the answer?" and texts(at) != words
+    kids = texts(at)  # D1: the story's words, no symbols or jargon (issue 62)
+    assert not [w for w in ("temperature", "top-p", "seed", "γ", "KV cache", "greedy") if w in kids], kids
+    assert "roll the same loaded dice" in kids
     set_level(at, "d5")
     assert "degrees of freedom" in texts(at) and "Pearson" in texts(at)
     assert at.session_state["same_answer.sampling"] == (ref_key, spec_key)

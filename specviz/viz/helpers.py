@@ -54,7 +54,9 @@ def helpers_table(result: HelpersResult, level: str = "d5") -> pd.DataFrame:
                          "α (accepted ÷ checked)": p.alpha, "c (guess cost ÷ target step)": p.c,
                          "tokens / target call": p.tokens_per_call, "speed-up": p.speedup,
                          "same tokens as the target": "–" if p.identical is None else ("✓" if p.identical else "✗")})
-    return pd.DataFrame(rows)
+    # rounded as the page reads them: a raw 10.6667 in a cell said more than the run measured
+    return pd.DataFrame(rows).round({"α (accepted ÷ checked)": 2, "c (guess cost ÷ target step)": 3,
+                                     "tokens / target call": 2, "speed-up": 2})
 
 
 def verdict(result: HelpersResult, level: str) -> str:
