@@ -62,7 +62,12 @@ def _source(s: Settings, bench_path: Path | None) -> str:
 
 def _run_now(s: Settings, requested: bool, predicted: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
-    cfg = where_it_helps.workloads_config(s)
+    longer = s.max_new_tokens > where_it_helps.SHORT_TOKENS and st.toggle(
+        f"Full length: the sidebar's {s.max_new_tokens} new tokens per run", key=P + "full",
+        help=f"The default stops each run at {where_it_helps.SHORT_TOKENS} new tokens so that the press ends within "
+             f"about a minute; full length takes about {s.max_new_tokens / where_it_helps.SHORT_TOKENS:.1f} times as "
+             "long (the time grows with the tokens), with a progress bar.")
+    cfg = where_it_helps.workloads_config(s, full=longer)
     st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
                f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
                "Change γ, the drafter or the decoding in the sidebar.")

@@ -266,8 +266,10 @@ def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> 
                                         key=f"{P}busy_live", icon=":material/stacks:")
         repeats = st.number_input("Repeats per batch size", 1, 5, value=busy.LAB_REPEATS, step=1, key=f"{P}busy_repeats",
                                   width=200, help="Each repeat runs every batch size once more; the chart's whiskers "
-                                  "span the repeats. Batch 1–16 with 3 repeats takes about 10 minutes with the Qwen "
-                                  f"pair on 2 CPU cores; this server: {host.machine_words()}.") if live_ok and not d1 else busy.LAB_REPEATS
+                                  f"span the repeats. One repeat stops within {busy.time_limit(1):.0f} s (before a batch "
+                                  "size that would end later, said under the chart); each repeat more allows "
+                                  f"{busy.TIME_LIMIT_S:.0f} s more. This server: {host.machine_words()}."
+                                  ) if live_ok and not d1 else busy.LAB_REPEATS
     if not live_ok:
         st.caption("In this classroom the recorded measurement is shown: a live one would hold the shared models "
                    "for minutes. The operator can allow it (`SPECVIZ_CLASSROOM_LIVE_BATCH=1`).")

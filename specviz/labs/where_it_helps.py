@@ -6,7 +6,7 @@ import datetime as dt
 import math
 import statistics
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 # Pairs too slow on a 2-core CPU to run twelve generations while a class waits: the page opens them on a
 # recorded benchmark file (the sentence shown names no speed: the visitor's machine decides that).
 SLOW_PAIRS = frozenset({"qwen-coder"})
+SHORT_TOKENS = 40  # new tokens per run of the default press (see workloads_config)
 NEEDED_COLUMNS = ("workload", "kind", "mode", "method", "speedup", "acceptance_rate")
 
 
@@ -107,9 +108,15 @@ class WorkloadsConfig:
         return 2 * len(self.presets)
 
 
-def workloads_config(s: Settings) -> WorkloadsConfig:
-    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone."""
-    return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
+def workloads_config(s: Settings, full: bool = False) -> WorkloadsConfig:
+    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone.
+
+    Unless `full`, each run stops at SHORT_TOKENS new tokens: twelve runs of the sidebar's 64 took 68 s on the
+    2-core test machine (2026-12-07), past the minute a class should wait after a press; full length is a choice."""
+    spec, base = s.generation_config(), s.baseline_config()
+    if not full and spec.max_new_tokens > SHORT_TOKENS:
+        spec, base = replace(spec, max_new_tokens=SHORT_TOKENS), replace(base, max_new_tokens=SHORT_TOKENS)
+    return WorkloadsConfig(s.pair, s.drafter, spec, base)
 
 
 def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
