@@ -14,7 +14,7 @@ from specviz.app import predict
 from specviz.presets import GROUP_TITLES, PRESETS
 from specviz.viz import predict as predict_view
 from specviz.settings import Settings
-from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.shell import chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import settings
 from specviz.labs import helpers, ranking, where_it_helps
 from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
@@ -64,11 +64,14 @@ def _run_now(s: Settings, requested: bool, predicted: bool) -> WorkloadResults |
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
     longer = s.max_new_tokens > where_it_helps.SHORT_TOKENS and st.toggle(
         f"Full length: the sidebar's {s.max_new_tokens} new tokens per run", key=P + "full",
-        help=f"The default stops each run at {where_it_helps.SHORT_TOKENS} new tokens so that the press ends within "
-             f"about a minute; full length takes about {s.max_new_tokens / where_it_helps.SHORT_TOKENS:.1f} times as "
+        help=f"The default stops each run at {where_it_helps.SHORT_TOKENS} new tokens to keep the press short; "
+             f"full length takes about {s.max_new_tokens / where_it_helps.SHORT_TOKENS:.1f} times as "
              "long (the time grows with the tokens), with a progress bar.")
     cfg = where_it_helps.workloads_config(s, full=longer)
-    st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
+    st.caption(f"Plan: for each of the {len(cfg.presets)} kinds of writing, the big model alone and then with its "
+               f"helper, up to {cfg.spec.max_new_tokens} words each — {cfg.runs} races, one after another."
+               if s.level == "d1" else
+               f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
                f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
                "Change γ, the drafter or the decoding in the sidebar.")
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
@@ -139,8 +142,8 @@ def _provenance(file: BenchFile, s: Settings) -> None:
 
 def _results(res: WorkloadResults, s: Settings) -> None:
     st.subheader("What was measured" if s.level != "d1" else "What we found")
-    st.caption(f"{f'Measured now on this machine ({host.machine_words()})' if res.source == 'run' else 'From the file'}: "
-               f"{res.method}.")
+    where = f"Measured now on this machine ({host.machine_words()})" if res.source == "run" else "From the file"
+    st.caption(f"{where}." if s.level == "d1" else f"{where}: {res.method}.")  # D1: no γ or decoding words
     if not res.rows:
         st.info("No workload could be measured.")
     else:
@@ -178,7 +181,7 @@ def _summary(res: WorkloadResults, s: Settings) -> None:
 
 
 def _table(res: WorkloadResults, s: Settings) -> None:
-    st.dataframe(where_it_helps_view.workload_table(res, s.level), hide_index=True)  # st.dataframe escapes every cell
+    table(where_it_helps_view.workload_table(res, s.level))  # st.dataframe escapes every cell
     if res.target_step_ms:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
 
@@ -200,9 +203,10 @@ def _helpers_section(s: Settings) -> None:
     key = ("where_it_helps.helpers", cfg)
     asking = st.container()  # the predictions go above the button; whether to ask is known once the job is read
     mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
-    st.caption(f"Plan: on the code, list and story presets, the target alone, then each helper (γ = {helpers.GAMMA}; "
-               f"the tree its default size): {cfg.runs} runs of {cfg.max_new_tokens} tokens, {mode}. About 3 minutes "
-               "on qwen-coder on this CPU.")
+    st.caption(f"Plan: on the code, list and story prompts, the big model alone, then with each helper: {cfg.runs} "
+               f"races of {cfg.max_new_tokens} words." if d1 else
+               f"Plan: on the code, list and story presets, the target alone, then each helper (γ = {helpers.GAMMA}; "
+               f"the tree its default size): {cfg.runs} runs of {cfg.max_new_tokens} tokens, {mode}.")
     st.button("Race the helpers" if d1 else "Compare the helpers", key=P + "helpers_go", icon=":material/sprint:",
               on_click=_request_helpers)
     if ss.pop(P + "helpers_request", False):
@@ -233,7 +237,7 @@ def _helpers_section(s: Settings) -> None:
     st.markdown(helpers_view.verdict(result, s.level))
     chart(helpers_view.helpers_figure(result, s.level, font_size(s)), P + "helpers_chart")
     if not d1:
-        st.dataframe(helpers_view.helpers_table(result, s.level), hide_index=True, key=P + "helpers_table")
+        table(helpers_view.helpers_table(result, s.level), key=P + "helpers_table")
 
 
 def main() -> None:

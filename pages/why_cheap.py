@@ -19,7 +19,7 @@ from specviz.settings import bounded
 from specviz.app import predict
 from specviz.viz import predict as predict_view
 from specviz.settings import Settings
-from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
+from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import current_policy, settings
 from specviz.labs import busy
 from specviz.bench.batch import BatchReport, batch_steps
@@ -146,7 +146,7 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
             _chart(why_cheap_view.pass_ratio_figure(cost, ref, fs), "pass_ratio")
     _noise_note(cost.spread, s)
     if s.level == "d5":
-        st.dataframe(why_cheap_view.pass_table(cost), hide_index=True)
+        table(why_cheap_view.pass_table(cost))
     st.caption(_machine_line(cost, s.level))
 
 
@@ -178,7 +178,7 @@ def _kernel_section(s: Settings) -> None:
     st.markdown(_kernel_words(kc, s))
     _chart(why_cheap_view.kernel_figure(kc, font_size(s)), "kernels")
     if s.level == "d5":
-        st.dataframe(why_cheap_view.kernel_table(kc), hide_index=True)
+        table(why_cheap_view.kernel_table(kc))
 
 
 def _profile_section(s: Settings) -> None:
@@ -206,7 +206,7 @@ def _profile_section(s: Settings) -> None:
                 f"model drafter, greedy): the draft's passes and sampling **{draft:.0f} ms**, the target's check "
                 f"**{verify:.0f} ms**, the rest between them **{between:.1f} ms**.")
     _chart(why_cheap_view.profile_figure(found, font_size(s)), "profile")
-    st.dataframe(why_cheap_view.profile_table(found), hide_index=True)
+    table(why_cheap_view.profile_table(found))
 
 
 def _noise_note(spread: float, s: Settings) -> None:
@@ -331,7 +331,7 @@ def _busy_section(s: Settings, reference: Reference | None) -> None:
                  "Please report it with the JSON below.", icon=":material/error:")
     if not d1:
         rows = busy.table_rows(report)
-        st.dataframe(rows, hide_index=True)
+        table(rows)
         with st.container(horizontal=True, gap="small"):
             st.download_button("CSV", busy.csv_text(rows), file_name="specviz-batches.csv", mime="text/csv",
                                icon=":material/download:", key=f"{P}busy_csv")
@@ -360,7 +360,7 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
     if reference is None:
         st.info("**No GPU figures measured yet.** None was lent to this project so far; the numbers above are "
                 "this CPU's only. The same code measures a GPU in one command:", icon=":material/developer_board:")
-        st.code(GPU_COMMAND, language="bash")
+        st.code(GPU_COMMAND, language="bash", wrap_lines=True)  # never cut at 390 px
         st.caption(f"Saved as `{GPU_FIGURES.name}` in `assets/`, the GPU curves appear in the charts above next to "
                    "this machine's.")
         return
@@ -371,11 +371,11 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
                icon=":material/developer_board:")
     if reference.pass_cost is not None:
         st.markdown(why_cheap_view.gpu_sentence(reference, s.gamma))
-        st.dataframe(why_cheap_view.pass_table(reference.pass_cost), hide_index=True)
+        table(why_cheap_view.pass_table(reference.pass_cost))
     if reference.step_cost is not None and s.level == "d5":
-        st.dataframe(why_cheap_view.step_cost_table(reference.step_cost), hide_index=True)
+        table(why_cheap_view.step_cost_table(reference.step_cost))
     st.caption("Measure another GPU with the same code:")
-    st.code(GPU_COMMAND, language="bash")
+    st.code(GPU_COMMAND, language="bash", wrap_lines=True)  # never cut at 390 px
 
 
 # ------------------------------------------------------------------------------------------

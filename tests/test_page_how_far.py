@@ -84,6 +84,8 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     d1_words = texts(at)
     assert d1_words != d5_words and "Let's find out" in d1_words and "times as fast" in d1_words
     assert not at.metric and "Leviathan" not in d1_words and "Acceptance by position" not in d1_words
+    jargon = [w for w in ("γ", "greedy", "KV cache", "temperature", "top-p") if w in d1_words]
+    assert not jargon, jargon  # D1: the story's words (issue 62)
     set_settings(at, level="d2")
     no_exception(at)
     assert "How far should the draft model guess?" in texts(at)

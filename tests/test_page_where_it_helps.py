@@ -65,6 +65,8 @@ def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
     no_exception(at)
     kids = texts(at)
     assert kids != words and "Mercury" in kids and "times as fast" in kids
+    jargon = [w for w in ("γ", "greedy", "KV cache", "temperature", "top-p", "speculative") if w in kids]
+    assert not jargon, jargon  # D1: the story's words (issue 62)
     assert {t["name"] for t in chart(at)["data"] if t["type"] == "bar"} == {"easy to guess", "hard to guess"}
     set_settings(at, level="d5")
     no_exception(at)

@@ -195,7 +195,8 @@ def test_each_prediction_is_judged_against_the_measurement():
     assert "Which <b>helper</b> &lt;i&gt;wins&lt;/i&gt;?" in asked  # bold kept, anything else escaped
     assert "You predicted" not in predict.verdict_html(None, predict.reveal_race(1.5))
     q = predict.gamma_question([1, 4, 8])
-    assert q.choices == ("γ = 1", "γ = 4", "γ = 8") and predict.reveal_gamma(4, 1.8).right in q.choices
+    assert q.choices == ("1 guess", "4 guesses", "8 guesses") and predict.reveal_gamma(4, 1.8).right in q.choices
+    assert predict.gamma_question([1, 4, 8], "d1").choices == q.choices and "γ" not in predict.gamma_question([1], "d1").text
     xss = "<img src=x onerror=alert(1)>"
     assert "<img" not in predict.verdict_html(xss, predict.reveal_workload(xss, 1.2))
 
@@ -315,8 +316,8 @@ def test_how_far_names_one_fastest_gamma_only_beyond_the_margin():
     said = how_far_view.fastest_words(lead)
     assert "**4 guesses and 8 guesses per turn** came out about the same (1.9 times" in said
     answer = predict.reveal_gamma(8, 1.9, [(4, 1.85)], ranking.MIN_MARGIN)
-    assert "— right!" in predict.verdict_html("γ = 4", answer) and "— right!" in predict.verdict_html("γ = 8", answer)
-    assert "— right!" not in predict.verdict_html("γ = 1", answer)
+    assert "— right!" in predict.verdict_html("4 guesses", answer) and "— right!" in predict.verdict_html("8 guesses", answer)
+    assert "— right!" not in predict.verdict_html("1 guess", answer)
     one = ranking.leaders([_gpoint(1, 1.3), _gpoint(4, 1.9)], lambda p: p.speedup, ranking.MIN_MARGIN)
     assert "The fastest was **4 guesses per turn**" in how_far_view.fastest_words(one) and "1.9 times" in \
         how_far_view.fastest_words(one)

@@ -74,3 +74,24 @@ def lesson_md(level: str, key: str) -> bool:
     st.markdown(lesson(level, key))
     return True
 
+
+
+def _columns(data: Any) -> list[str]:
+    """The column names of a DataFrame, a pandas Styler or a list of row dicts."""
+    frame = getattr(data, "data", data)  # a Styler holds its frame in .data
+    if hasattr(frame, "columns"):
+        return [str(c) for c in frame.columns]
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return [str(c) for c in data[0]]
+    return []
+
+
+def header_widths(columns: list[str], px_per_char: float = 7.5, padding: int = 40) -> dict[str, Any]:
+    """A column_config giving each column room for its whole header: Streamlit sizes a column by its cells and cut
+    headers such as "same text as target alone" to "same text as t…" at 1280 px; a wider table scrolls instead."""
+    return {c: st.column_config.Column(width=int(len(c) * px_per_char) + padding) for c in columns}
+
+
+def table(data: Any, **kwargs: Any) -> None:
+    """A lab's table: no index, every header whole (the table scrolls sideways when the page is narrower)."""
+    st.dataframe(data, hide_index=True, column_config=header_widths(_columns(data)), **kwargs)

@@ -40,6 +40,8 @@ CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, co
                  ("About as long (under 2×)", "A few times as long (2–8×)", "About 16 times as long (over 8×)"))
 SECOND = Question("second", "The second time you run the same text with a helper that remembers, how much faster will it be "
                   "than the first time?", ("About as fast as the first time", "A little faster", "Much faster"))
+SAME = Question("same", "With the helper, will the big model write the very same words as on its own?",
+                ("Yes, word for word", "No, some words change", "Not sure"))
 BUSY = Question("busy", "With 16 pupils sharing the big model, how much faster will the helper make it?",
                 ("Still about twice as fast", "A bit faster", "About the same", "Slower than without the helper"))
 
@@ -79,10 +81,16 @@ def reveal_busy(batch: int, speedup: float, alone: float) -> Reveal:
                   f"(with one run: {alone:.2f}×).")
 
 
-def gamma_question(gammas: Sequence[int]) -> Question:
+def gamma_choice(gamma: int) -> str:
+    """A γ as a choice, in words every level reads (a prediction made at D5 stays the same choice at D1)."""
+    return f"{gamma} {'guess' if gamma == 1 else 'guesses'}"
+
+
+def gamma_question(gammas: Sequence[int], level: str = "d2") -> Question:
     """How far to guess: which of the γ values about to be measured will be fastest?"""
-    return Question("gamma", "Which number of guesses per round (γ) will be fastest here?",
-                    tuple(f"γ = {g}" for g in gammas))
+    text = ("How many guesses per turn will be fastest here?" if level == "d1" else
+            "Which number of guesses per round (γ) will be fastest here?")
+    return Question("gamma", text, tuple(gamma_choice(g) for g in gammas))
 
 
 def workload_question(titles: Sequence[str]) -> Question:
@@ -147,10 +155,10 @@ def reveal_gamma(best_gamma: int, best_speedup: float, tied: Sequence[tuple[int,
                  ) -> Reveal:
     """γ's answer; `tied`: the other γ within `margin` of the best (then every one of them counts as right)."""
     if tied:
-        names = [f"γ = {best_gamma}", *(f"γ = {g}" for g, _ in tied)]
+        names = [gamma_choice(best_gamma), *(gamma_choice(g) for g, _ in tied)]
         return Reveal(names[0], _tie(names, [best_speedup, *(x for _, x in tied)], margin, "were"), also=tuple(names[1:]))
-    return Reveal(f"γ = {best_gamma}", f"Measured: γ = {best_gamma} was fastest, {best_speedup:.2f}× as fast as "
-                  "the target alone.")
+    return Reveal(gamma_choice(best_gamma), f"Measured: {gamma_choice(best_gamma)} per round was fastest, "
+                  f"{best_speedup:.2f}× as fast as the big model alone.")
 
 
 def reveal_workload(best_title: str, best_speedup: float, tied: Sequence[tuple[str, float]] = (),
@@ -198,3 +206,12 @@ def reveal_helper(title: str, speedup: float, runner_up: str | None, runner_spee
     second = (f" Next: {runner_up}, {runner_speedup:.2f}×." if runner_up is not None and runner_speedup is not None
               else "")
     return Reveal(title, f"Measured: {title} was fastest, {speedup:.2f}× as fast as the big model alone.{second}")
+
+
+def reveal_same(n_same: int, n: int, calls_spec: int, calls_plain: int) -> Reveal:
+    """The Same answer page's greedy question, answered by this run's own comparison."""
+    if n_same == n:
+        return Reveal(SAME.choices[0], f"Measured: all {n} words were the same, and the big model needed {calls_spec} "
+                      f"turns with the helper instead of {calls_plain}.")
+    return Reveal(SAME.choices[1], f"Measured: {n_same} of {n} words matched. The texts parted at a near-tie, from "
+                  "how the computer adds numbers, not from a bad guess (the box below says why).")
