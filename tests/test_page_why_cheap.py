@@ -146,7 +146,7 @@ def test_a_live_batch_measurement_runs_as_a_job_with_the_sidebars_gamma():
     assert key[0] == "why_cheap.busy" and key[2].gamma == 3 and key[2].repeats == 1
     assert "Measured just now on this server" in texts(at)
     table = next(d.value for d in at.dataframe if "verify cost (steps)" in d.value.columns)
-    assert list(table["batch"]) == [1, 2, 4, 8, 16] and all(table["identical to alone"])
+    assert list(table["batch"]) == list(busy.LAB_SIZES) and all(table["identical to alone"])
 
 
 def test_a_classroom_shows_the_recording_unless_the_operator_allows_live_batches(monkeypatch):
