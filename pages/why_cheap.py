@@ -60,8 +60,8 @@ class Section:
 
 PASS = Section("pass", ("How long does checking take?", "One pass, more new tokens"), "cheap_pass",
                ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
-               "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
-               "on this CPU).", "Timing the target's passes", "The repeats or the pair")
+               "More repeats steady the figures; each repeat is one pass per size, so the time grows with the "
+               "repeats (the progress bar counts the passes).", "Timing the target's passes", "The repeats or the pair")
 KERNELS = Section("kernels", ("Two ways to do the sums", "Two kernels, one layer, side by side"), "cheap_kernels",
                   ("Time both ways", "Time both kernels"), ":material/compare_arrows:", "Repeats per point (median shown)",
                   5, "Each repeat runs one decoder layer's linears over 1–16 rows through each kernel.",
