@@ -43,12 +43,13 @@ WORDS: dict[str, dict[str, str]] = {
 }
 
 
-def _best_marker(fig: go.Figure, curves: Curves, colour: str, name: str, row: int) -> None:
-    """A star on the curve at its best γ, and a dotted line down to the axis."""
+def _best_marker(fig: go.Figure, curves: Curves, colour: str, name: str, row: int, d1: bool = False) -> None:
+    """A star on the curve at its best γ (at D1 "4 guesses": no symbol), and a dotted line down to the axis."""
     i = curves.gammas.index(curves.best)
+    label = f"{curves.best} {'guess' if curves.best == 1 else 'guesses'}" if d1 else f"γ = {curves.best}"
     fig.add_scatter(x=[curves.best], y=[curves.speedup[i]], mode="markers+text", name=name,
                     marker=dict(symbol="star", size=17, color=colour, line=dict(width=1, color="white")),
-                    text=[f"γ = {curves.best}"], textposition="top center", textfont=dict(color=colour),
+                    text=[label], textposition="top center", textfont=dict(color=colour),
                     hovertemplate=f"{name}: γ = %{{x}}, %{{y:.2f}}×<extra></extra>", row=row, col=1)
     fig.add_vline(x=curves.best, line=dict(color=colour, dash="dot", width=1), row=row, col=1)
 
@@ -97,7 +98,7 @@ def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom
             _curve(fig, curves.gammas, curves.tokens, name, colour, dash, 1, False, ".2f")
         _curve(fig, curves.gammas, curves.speedup, name, colour, dash, speed_row, True, ".2f")
         if star:
-            _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row)
+            _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row, level == "d1")
     if both:
         _points(fig, points, "tokens_per_round", w["points"], 1, False, None, ".2f")
     _points(fig, points, "speedup", w["points"], speed_row, True, best_point.gamma if best_point else None, ".2f")
