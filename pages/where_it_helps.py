@@ -184,6 +184,8 @@ def _table(res: WorkloadResults, s: Settings) -> None:
     table(where_it_helps_view.workload_table(res, s.level))  # st.dataframe escapes every cell
     if res.target_step_ms:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
+    st.download_button("Download the measurement (JSON)", where_it_helps.results_json(res), icon=":material/download:",
+                       file_name="specviz-where-it-helps.json", mime="application/json", key=P + "json")
 
 
 def _request_helpers() -> None:
