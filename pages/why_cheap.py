@@ -24,8 +24,8 @@ from specviz.app.sidebar import current_policy, settings
 from specviz.labs import busy
 from specviz.bench.batch import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, KernelConfig, PassCost, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
-    measure_loaded_pass_cost, measure_round_profile,
+    GPU_FIGURES, KernelConfig, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
+    measure_loaded_pass_cost, measure_round_profile, pass_cost_to_dict,
 )
 from specviz.viz import why_cheap as why_cheap_view
 
@@ -104,23 +104,6 @@ def _chart(fig: Any, key: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def _pass_words(cost: PassCost, s: Settings) -> str:
-    r = dict(zip(cost.ks, cost.ratios))
-    top = cost.ks[-1]
-    if s.level == "d1":
-        said = f"Checking **{top} words at once** took **{r[top]:.1f} times** as long as writing one word"
-        if r[top] <= top / 2:
-            return f"{said} — not {top} times. Reading the book is the slow part!"
-        return f"{said}. On this small computer the extra words were not cheap this time."
-    parts = ", ".join(f"{k} tokens ≈ **{r[k]:.2f}**" for k in cost.ks if k > 1)
-    said = (f"One plain decoding step (1 new token) took **{cost.step_ms:.0f} ms** here. In one-token steps, a "
-            f"single pass over {parts} — if the cost grew with the tokens, {top} tokens would cost {top}.")
-    check = max((k for k in cost.ks if k <= 5), default=1)  # a chain of 4 guesses is checked in a pass of 5
-    if check > 1:
-        said += f" So checking {check} tokens at once cost **{why_cheap_view.cost_words(r[check])}** here."
-    return said
-
-
 def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
                         lambda pair, cfg: measure_loaded_pass_cost(pair, s.pair, cfg),
@@ -131,7 +114,7 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
         return
     if 16 in cost.ks:
         predict.reveal(P, predict_view.CHEAP, predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms))
-    st.markdown(_pass_words(cost, s))
+    st.markdown(why_cheap_view.pass_words(cost, s.level))
     fs = font_size(s)
     if s.level == "d1":
         _chart(why_cheap_view.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
@@ -147,7 +130,10 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
     _noise_note(cost.spread, s)
     if s.level == "d5":
         table(why_cheap_view.pass_table(cost))
-    st.caption(_machine_line(cost, s.level))
+    st.caption(why_cheap_view.machine_line(cost, s.level))
+    st.download_button("Download the measurement (JSON)", json.dumps(pass_cost_to_dict(cost), indent=1),
+                       file_name="specviz-pass-times.json", mime="application/json", icon=":material/download:",
+                       key=P + "pass_json")
 
 
 def _kernel_words(kc: Any, s: Settings) -> str:
@@ -220,18 +206,6 @@ def _noise_note(spread: float, s: Settings) -> None:
     st.warning(f"The repeats disagree (slowest ÷ fastest up to {spread:.1f}×): something else used this machine's "
                "cores during the measurement. Medians resist a few disturbed repeats, not many; measure again "
                "with more repeats when the server is quiet.", icon=":material/timer_off:")
-
-
-def _machine_line(measured: PassCost, level: str) -> str:
-    """Where the figures were timed, from the record: the machine, and (D2/D5) the weights and kernel that ran."""
-    m = measured.machine
-    if level == "d1":
-        where = "this computer's processor, no graphics card" if m.device == "cpu" else "this computer's graphics card"
-        return f"Timed on {where} ({m.name}), after the big model had read {measured.context_tokens} words of code."
-    where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
-    weights = f", target weights: {measured.weights}" if measured.weights else ""
-    return (f"Measured on {where}, pair {measured.pair}{weights}, with {measured.context_tokens} tokens already in "
-            "the KV cache.")
 
 
 # ------------------------------------------------------------------------------------------

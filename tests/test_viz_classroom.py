@@ -321,3 +321,26 @@ def test_how_far_names_one_fastest_gamma_only_beyond_the_margin():
     one = ranking.leaders([_gpoint(1, 1.3), _gpoint(4, 1.9)], lambda p: p.speedup, ranking.MIN_MARGIN)
     assert "The fastest was **4 guesses per turn**" in how_far_view.fastest_words(one) and "1.9 times" in \
         how_far_view.fastest_words(one)
+
+
+def _cost(ratio16: float, weights: str = "gguf on blockgemm (avx2)") -> why_cheap.PassCost:
+    from specviz.bench.timing import Machine
+
+    step = 80.0
+    times = tuple((step * r, step * r) for r in (1.0, 1.0, 1.05, 1.4, ratio16))
+    return why_cheap.PassCost("qwen-coder", Machine("cpu", "AMD EPYC", 2), 93, (1, 2, 4, 8, 16), times, weights)
+
+
+def test_the_pass_words_and_machine_line_are_the_records():
+    cheap, dear = _cost(1.66), _cost(9.0)
+    assert "took **1.7 times** as long as writing one word — not 16 times" in why_cheap_view.pass_words(cheap, "d1")
+    assert "were not cheap this time" in why_cheap_view.pass_words(dear, "d1")
+    d2 = why_cheap_view.pass_words(cheap, "d2")
+    assert "took **80 ms** here" in d2 and "2 tokens ≈ **1.00**" in d2 and "16 tokens ≈ **1.66**" in d2
+    assert "checking 4 tokens at once cost" in d2  # a chain of 4 guesses is checked in a pass of 5: the largest k ≤ 5
+    line = why_cheap_view.machine_line(cheap, "d2")
+    assert "AMD EPYC; 2 threads" in line and "target weights: gguf on blockgemm (avx2)" in line and "KV cache" in line
+    kids = why_cheap_view.machine_line(cheap, "d1")
+    assert "KV cache" not in kids and "93 words of code" in kids and "no graphics card" in kids
+    back = why_cheap.pass_cost_from_dict(why_cheap.pass_cost_to_dict(cheap))  # the download reads back whole
+    assert back.weights == cheap.weights and back.ks == cheap.ks and back.ratios == pytest.approx(cheap.ratios)

@@ -10,6 +10,7 @@ from typing import Any
 from specviz import lessons
 from specviz.labs.why_cheap import Reference
 from specviz.bench.batch import BatchConfig, BatchReport, report_from_dict
+from specviz.labs import ranking
 from specviz.settings import Settings
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -71,9 +72,10 @@ def busy_words(report: BatchReport, level: str) -> str:
     first, last = report.sizes[0], report.sizes[-1]
     if level == "d1":
         said = (f"With **{first.batch}** pupil{'s' * (first.batch > 1)} the helper made the big model "
-                f"{speed_phrase(first.speedup)} (**{first.speedup:.2f}×**). With **{last.batch}** pupils sharing it, the "
-                f"helper made it {speed_phrase(last.speedup)} (**{last.speedup:.2f}×**).")
-        if report.declines:
+                f"{speed_phrase(first.speedup)} (**{first.speedup:.1f}×**). With **{last.batch}** pupils sharing it, the "
+                f"helper made it {speed_phrase(last.speedup)} (**{last.speedup:.1f}×**).")
+        # a fall is said only beyond its repeats' ranges and the noise floor (one repeat has no range of its own)
+        if report.declines and ranking.beats(first.speedup, last.speedup, ranking.MIN_MARGIN):
             return said + " When the big model is busy with many pupils, checking is no longer free."
         return said + " Here the helper kept its gain even with many pupils."
     steps = (f"a shared verify pass cost **{first.verify_steps:.2f}** one-token steps at batch {first.batch} and "
