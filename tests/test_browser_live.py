@@ -340,3 +340,90 @@ def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(ap
         expect(other.get_by_text("What was measured")).to_be_visible()
         other.wait_for_timeout(1500)
         _where_claims(other.evaluate(PAGE_TEXT), record, "d5", "Code")
+
+
+def _cheap_claims(text: str, record: dict, level: str, predicted: str) -> None:
+    """Why checking is cheap's pass figures against the downloaded record: the steps per pass, the verdict, the
+    machine and weights line."""
+    from specviz.labs.why_cheap import pass_cost_from_dict
+    from specviz.viz import predict as predict_view
+    from specviz.viz import why_cheap as why_cheap_view
+
+    cost = pass_cost_from_dict(record)
+    answer = predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms)
+    verdict = "— right!" if predicted in answer.rights else "the answer is"
+    assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
+    assert _plain(why_cheap_view.pass_words(cost, level)) in text, (why_cheap_view.pass_words(cost, level), text)
+    assert why_cheap_view.machine_line(cost, level) in text
+    assert (level == "d1") == ("KV cache" not in why_cheap_view.machine_line(cost, level))
+
+
+def _busy_claims(text: str, record: dict, level: str, predicted: str) -> None:
+    """The live batch measurement's sentence and verdict against its downloaded report."""
+    from specviz.bench.batch import report_from_dict
+    from specviz.labs import busy
+    from specviz.viz import predict as predict_view
+
+    report = report_from_dict(record)
+    first, last = report.sizes[0], report.sizes[-1]
+    answer = predict_view.reveal_busy(last.batch, last.speedup, first.speedup)
+    assert f"You predicted “{predicted}”" in text and answer.measured in text, (answer, text)
+    assert _plain(busy.busy_words(report, level)) in text, (busy.busy_words(report, level), text)
+
+
+def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
+    from playwright.sync_api import expect
+
+    url, _ = app
+    cheap = "Checking 16 new tokens in one pass takes how long, compared with making 1 token?"
+    with _chromium_page(900, LAB_MS, width=1280) as page:
+        page.goto(f"{url}/why_cheap?level=d5")
+        expect(page.get_by_text(cheap)).to_be_visible()
+        _no_exception(page)
+        page.get_by_text("A few times as long (2–8×)", exact=True).click()
+        page.wait_for_timeout(1000)
+        t0 = time.time()
+        page.get_by_role("button", name=re.compile(r"^Measure pass times")).click()
+        expect(page.get_by_role("button", name=re.compile("Download the measurement"))).to_be_visible(
+            timeout=1000 * LAB_RUN_S)
+        took = time.time() - t0
+        print(f"Why checking is cheap's default pass timing: {took:.0f} s on {host.machine_words()}")
+        assert took < LAB_RUN_S
+        page.wait_for_timeout(1500)
+        record = _download(page, "Download the measurement")
+        _cheap_claims(page.evaluate(PAGE_TEXT), record, "d5", "A few times as long (2–8×)")
+
+        page.get_by_text("Still about twice as fast", exact=True).click()  # the batch question, then its live run
+        page.wait_for_timeout(1000)
+        t0 = time.time()
+        page.get_by_role("button", name=re.compile(r"^Measure on this server")).click()
+        expect(page.get_by_role("button", name=re.compile(r"(^|\s)JSON$"))).to_be_visible(timeout=1000 * LAB_RUN_S)
+        took = time.time() - t0
+        print(f"Why checking is cheap's default live batch measurement: {took:.0f} s on {host.machine_words()}")
+        assert took < LAB_RUN_S
+        page.wait_for_timeout(1500)
+        batches = _download(page, r"(^|\s)JSON$")
+        (ARTIFACTS / "live-why-cheap.json").write_text(json.dumps({"pass": record, "batch": batches}), encoding="utf-8")
+        text = page.evaluate(PAGE_TEXT)
+        _busy_claims(text, batches, "d5", "Still about twice as fast")
+        assert page.evaluate(CUT_TEXT) == []
+        page.screenshot(path=str(ARTIFACTS / "live-why-cheap-d5.png"), full_page=True)
+        for title, level in (("D1 · Story", "d1"), ("D2 · Picture", "d2")):
+            text = _level(page, title, "Why checking is quick" if level == "d1" else "Why checking is cheap")
+            _cheap_claims(text, record, level, "A few times as long (2–8×)")
+            _busy_claims(text, batches, level, "Still about twice as fast")
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_timeout(2000)
+        assert page.evaluate(CUT_TEXT) == []
+
+        other = page.context.browser.new_page(viewport={"width": 1280, "height": 900})
+        other.goto(f"{url}/why_cheap?level=d5")
+        expect(other.get_by_text(cheap)).to_be_visible()
+        other.wait_for_timeout(3000)
+        _no_exception(other)
+        seen = other.locator("body").inner_text()
+        assert "You predicted" not in seen and "Answer:" not in seen and "One plain decoding step" not in seen
+        other.get_by_text("About as long (under 2×)", exact=True).click()
+        expect(other.get_by_text("One plain decoding step", exact=False)).to_be_visible()
+        other.wait_for_timeout(1500)
+        _cheap_claims(other.evaluate(PAGE_TEXT), record, "d5", "About as long (under 2×)")
