@@ -344,3 +344,9 @@ def test_the_pass_words_and_machine_line_are_the_records():
     assert "KV cache" not in kids and "93 words of code" in kids and "no graphics card" in kids
     back = why_cheap.pass_cost_from_dict(why_cheap.pass_cost_to_dict(cheap))  # the download reads back whole
     assert back.weights == cheap.weights and back.ks == cheap.ks and back.ratios == pytest.approx(cheap.ratios)
+
+
+def test_a_batch_answer_that_stopped_short_says_so():
+    assert "stopped before" not in predict.reveal_busy(16, 1.1, 1.6).measured
+    short = predict.reveal_busy(4, 0.7, 0.53)
+    assert "stopped before 16 runs (its time limit), so this answers for 4, not 16" in short.measured

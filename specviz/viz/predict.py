@@ -76,9 +76,12 @@ def reveal_second(first: float, second: float, first_tpc: float | None, second_t
                   "The second time the helper found the whole first run in its memory and proposed long stretches of it.")
 
 
-def reveal_busy(batch: int, speedup: float, alone: float) -> Reveal:
+def reveal_busy(batch: int, speedup: float, alone: float, asked: int = 16) -> Reveal:
+    """BUSY's answer; a measurement that stopped before the `asked` batch (its time limit) says it answers for less."""
+    short = (f" The measurement stopped before {asked} runs (its time limit), so this answers for {batch}, not {asked}."
+             if batch < asked else "")
     return Reveal(busy_choice(speedup), f"Measured: with {batch} runs together the helper made it {speedup:.2f}× as fast "
-                  f"(with one run: {alone:.2f}×).")
+                  f"(with one run: {alone:.2f}×).{short}")
 
 
 def gamma_choice(gamma: int) -> str:
