@@ -10,9 +10,9 @@ from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import encode, preset_buttons, repaired_prompt
 from specviz.settings import Settings
-from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.shell import chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import settings
-from specviz.labs import chain_or_tree, how_far
+from specviz.labs import chain_or_tree, how_far, ranking
 from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
 from specviz.app import predict
 from specviz.app.settings import cut_long_prompt
@@ -20,7 +20,6 @@ from specviz.viz import predict as predict_view
 from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.viz import chain_or_tree as chain_or_tree_view
 from specviz.viz import how_far as how_far_view
-from specviz.viz import strip
 
 P = "how_far."  # session_state prefix of this page
 SLIDER_START = (0.8, 0.1)  # the sliders before anything was measured: a good draft, a cheap one
@@ -29,7 +28,7 @@ SLOT = jobs.Slot(P + "key", ("Measuring γ",), "Measure", changed=(
     "until then the previous measurement stays on screen."))
 SHAPE_SLOT = jobs.Slot(P + "shape_key", ("Chain and tree runs",), "Compare chain and tree", changed=(
     "The sizes or settings changed since this comparison. Press **{button}** to run them; "
-    "until then the previous comparison stays on screen."))
+    "until then the previous comparison stays on screen."), adopt=False)  # a visitor sees it after their own press
 ss = st.session_state
 
 
@@ -75,11 +74,15 @@ def _prompt_box() -> str:
 def _gamma_picker(s: Settings) -> list[int]:
     label = "How many guesses per turn to try" if s.level == "d1" else "γ values to measure (one speculative run each)"
     return st.multiselect(label, how_far.GAMMA_CHOICES, key=P + "gammas", persist_state="session",
-                          help="Each γ is one more speculative run of the same prompt; 1, 2, 4 and 8 take about a "
-                               "minute on qwen-coder on this CPU (64 tokens).")
+                          help="Each one is one more run of the same prompt with the helper: the time grows with "
+                               "the number of runs (the progress bar counts them).")
 
 
 def _plan(cfg: SweepConfig, s: Settings) -> None:
+    if s.level == "d1":
+        st.caption(f"Plan: the big model writes alone once, then once with its helper for each number of guesses "
+                   f"({', '.join(map(str, cfg.gammas))}): {cfg.runs} races of up to {cfg.max_new_tokens} words.")
+        return
     who = drafters.spec(cfg.drafter).title
     mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g}, seed {cfg.sampling.seed})"
     st.caption(f"Plan: the target alone once, then one speculative run at each γ = {', '.join(map(str, cfg.gammas))} "
@@ -99,13 +102,12 @@ def _job_key(cfg: SweepConfig) -> jobs.Key:
 
 def _metrics(sweep: Sweep, s: Settings) -> None:
     best = sweep.best_measured
+    lead = sweep.leaders()
     curves = how_far.main_curves(sweep)  # the best γ of the main curve: with the measured verify cost
     lev = curves.best if curves else None
     if s.level == "d1":
         if best is not None and best.speedup:
-            st.markdown(f"The fastest was **{best.gamma} {'guess' if best.gamma == 1 else 'guesses'} per turn**: "
-                        f"with it the answer came **{strip.speed_words(best.speedup)}** "
-                        f"({best.speedup:.1f} times as fast as the big model alone).")
+            st.markdown(how_far_view.fastest_words(lead))
         return
     slots = [st.container() for _ in range(5)] if s.presenter else list(st.columns(5))  # large type needs the width
     slots[0].metric("α (measured)", f"{sweep.alpha:.2f}" if sweep.alpha is not None else "–",
@@ -117,7 +119,9 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
                     help="Median time of one target forward for one new token, measured on this machine.")
     slots[3].metric("best γ (expected)", str(lev) if lev else "–",
                     help="The peak of the main curve: Leviathan's formula with the measured cost of a verify pass.")
-    slots[4].metric("best γ (measured)", f"{best.gamma} ({best.speedup:.2f}×)" if best and best.speedup else "–")
+    slots[4].metric("best γ (measured)", " ≈ ".join(str(p.gamma) for p in lead) + f" ({best.speedup:.2f}×)"
+                    if best and best.speedup else "–",
+                    help=f"Several γ joined by ≈ came within {ranking.MIN_MARGIN:.0%} of the fastest: about the same.")
 
 
 def _sliders(sweep: Sweep | None) -> tuple[float, float]:
@@ -126,12 +130,12 @@ def _sliders(sweep: Sweep | None) -> tuple[float, float]:
     if measured and ss.get(P + "synced") != ss.get(SLOT.state_key):
         _reset_sliders(*measured)
         ss[P + "synced"] = ss.get(SLOT.state_key)
-    left, mid, right = st.columns([3, 3, 2], vertical_alignment="bottom")
+    left, mid = st.columns(2, vertical_alignment="bottom")  # the reset button below: a third column cut its label
     alpha = left.slider("α — chance a guess is accepted", *ALPHA_RANGE, step=0.01, key=P + "alpha", persist_state="session",
                         help="Explore beyond the measurement: the curves follow; nothing is re-run.")
     c = mid.slider("c — one draft token's cost in target steps", *C_RANGE, step=0.01, key=P + "c", persist_state="session")
     if measured:
-        right.button("Back to the measured α and c", key=P + "reset", on_click=_reset_sliders, args=measured)
+        st.button("Back to the measured α and c", key=P + "reset", on_click=_reset_sliders, args=measured)
     return alpha, c
 
 
@@ -148,7 +152,9 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
 
 
 def _table(sweep: Sweep, s: Settings) -> None:
-    st.dataframe(how_far_view.sweep_table(sweep, s.level), hide_index=True)
+    table(how_far_view.sweep_table(sweep, s.level))
+    st.download_button("Download the measurement (JSON)", how_far.sweep_json(sweep), file_name="specviz-how-far.json",
+                       mime="application/json", icon=":material/download:", key=P + "json")
     st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
                f"(decode time; prompt reading not counted). Measured on this machine: {host.machine_words()}, "
                "sharing its cores with this page.")
@@ -231,10 +237,15 @@ def _shape_section(pair, s: Settings) -> None:
     else:
         mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
         who = drafters.spec(cfg.helper).title
-        st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "
-                   f"the target alone, then at each n = {', '.join(map(str, cfg.sizes))} a chain of n guesses and "
-                   f"a tree of n nodes (branching {cfg.branching}, every node verified): {cfg.runs} runs of "
-                   f"{cfg.max_new_tokens} tokens, {mode}; guessing: {who}. About 2 minutes on qwen-coder on this CPU.")
+        if d1:
+            st.caption(f"Plan: on a piece of code and on a story, the big model alone, then a line and a tree of "
+                       f"each size ({', '.join(map(str, cfg.sizes))} guesses): {cfg.runs} races of "
+                       f"{cfg.max_new_tokens} words.")
+        else:
+            st.caption(f"Plan: on the {' and '.join(chain_or_tree_view.preset_title(p) for p in cfg.presets)} presets, "
+                       f"the target alone, then at each n = {', '.join(map(str, cfg.sizes))} a chain of n guesses and "
+                       f"a tree of n nodes (branching {cfg.branching}, every node verified): {cfg.runs} runs of "
+                       f"{cfg.max_new_tokens} tokens, {mode}; guessing: {who}.")
     st.button("Compare chain and tree" if not d1 else "Race the line and the tree", key=P + "shape_go",
               icon=":material/account_tree:", on_click=_request_shapes, disabled=cfg is None)
     key = ("how_far.shape", cfg) if cfg is not None else None
@@ -247,7 +258,7 @@ def _shape_section(pair, s: Settings) -> None:
     st.markdown(chain_or_tree_view.verdict(result, s.level))
     chart(chain_or_tree_view.shape_figure(result, s.level, font_size(s)), P + "shape_chart")
     if not d1:
-        st.dataframe(chain_or_tree_view.shape_table(result), hide_index=True, key=P + "shape_table")
+        table(chain_or_tree_view.shape_table(result), key=P + "shape_table")
 
 
 # ------------------------------------------------------------------------------------------
@@ -279,10 +290,11 @@ def main() -> None:
         current = (_job_key(cfg),)
         if requested:
             jobs.start(SLOT, {current[0]: lambda: how_far.sweep_steps(pair, prompt.ids, cfg)})
-    done = jobs.results(SLOT, current)
+    # another visitor's sweep of these settings is shown only once this visitor has made their own prediction
+    done = jobs.results(SLOT, current, adopt=predict.choice(P, predict_view.gamma_question(gammas)) is not None)
     sweep: Sweep | None = done[0] if done else None
 
-    question = predict_view.gamma_question(sweep.config.gammas if sweep is not None else sorted(gammas))
+    question = predict_view.gamma_question(sweep.config.gammas if sweep is not None else sorted(gammas), s.level)
     best = sweep.best_measured if sweep is not None else None
     if (best is None or best.speedup is None) and question.choices:
         predict.ask(P, question)
@@ -290,7 +302,8 @@ def main() -> None:
     if sweep is not None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
         if best is not None and best.speedup is not None:
-            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup))
+            tied = [(p.gamma, p.speedup) for p in sweep.leaders()[1:]]  # about the same: each counts as right
+            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup, tied, ranking.MIN_MARGIN))
         _metrics(sweep, s)
     slider = _sliders(sweep) if s.level != "d1" else None
     _chart(sweep, s, slider)

@@ -7,11 +7,11 @@ from typing import Any
 import streamlit as st
 
 from specviz import host
-from specviz.app import jobs
+from specviz.app import jobs, predict
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
 from specviz.settings import Settings
-from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.shell import chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import settings
 from specviz.core import drafters
 from specviz.core.limits import SAMPLE_TOKENS_RANGE, SAMPLES_RANGE
@@ -19,6 +19,7 @@ from specviz.labs import same_answer
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
 from specviz.app.settings import cut_long_prompt
+from specviz.viz import predict as predict_view
 from specviz.viz import same_answer as same_answer_view
 from specviz.viz.strip import md_escape
 
@@ -107,10 +108,10 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     variant = _twin_toggle(pair, s)
     key = ("same_answer.greedy", pair.spec.name, prompt.text, s.drafter, config, variant)
     problem = prompt.problem(s.max_new_tokens)
-    st.caption(f"{pair.spec.title} · drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma}"
-               f"{' (adaptive)' if s.adaptive else ''} · {s.max_new_tokens} new tokens · greedy "
-               "(the sidebar's pair, drafter, γ and max new tokens)")
+    st.caption(same_answer_view.greedy_plan(s.level, pair.spec.title, drafters.spec(s.drafter).title, s.gamma,
+                                            s.adaptive, s.max_new_tokens))
     label = "Run both and compare" if not d1 else "Let both write"
+    asking = st.container()  # the prediction above the button, drawn once we know whether this visitor has a result
     st.button(label, key=P + "greedy_go", type="primary", icon=":material/compare_arrows:", on_click=_request,
               args=("greedy_req",), disabled=bool(problem))
     if problem:
@@ -119,8 +120,14 @@ def _greedy_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     if ss.pop(P + "greedy_req", False) and not problem:
         jobs.start(slot, {key: lambda: same_answer.greedy_job(pair, prompt.ids, s.drafter, config, variant)})
     done = jobs.results(slot, (key,))
-    if done:
-        _greedy_result(done[0], s)
+    if not done:
+        with asking:
+            predict.ask(P, predict_view.SAME, "Answer, then press the button: the two texts answer it.")
+        return
+    cmp = done[0]
+    predict.reveal(P, predict_view.SAME, predict_view.reveal_same(cmp.n_same, cmp.n_compared, cmp.target_calls_spec,
+                                                                  cmp.target_calls_plain))
+    _greedy_result(cmp, s)
 
 
 def _twin_toggle(pair: Any, s: Settings) -> bool:
@@ -191,9 +198,9 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
         c3.metric("speed-up on this machine", f"{speed:.2f}×" if speed else "–",
                   help=f"Target-only decode time ÷ speculative decode time, measured here ({host.machine_words()}). "
                   "Timing is not the point of this page; the tokens are.")
-    table = same_answer_view.greedy_table(cmp, _names(s.level))
+    rows_table = same_answer_view.greedy_table(cmp, _names(s.level))
     first = cmp.first_divergence
-    st.dataframe(table, hide_index=True, height=min(36 * (len(table) + 1), 420), key=P + "greedy_table",
+    table(rows_table, height=min(36 * (len(rows_table) + 1), 420), key=P + "greedy_table",
                  row_height=34 if s.presenter else None)
     if first is not None:
         gap = _gap_line(cmp) if not d1 else None
@@ -236,11 +243,9 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     cfg = same_answer.sample_config(s, int(ss[P + "n"]), int(ss[P + "tokens"]))
     spec = same_answer.spec_config(s, bool(ss[P + "wrong"]), int(ss[P + "k"]))
     sp = cfg.sampling
-    where = ("The sidebar is on greedy, so this part uses the sidebar's sampling settings anyway: "
-             if s.mode == "greedy" else "Sampling settings from the sidebar: ")
-    st.caption(f"{where}temperature {sp.temperature:g}, top-p {sp.top_p:g}, seed {sp.seed} · {pair.spec.title} · "
-               f"drafter: {drafters.spec(s.drafter).title} · γ = {s.gamma} (fixed here; a sample drafts at most "
-               f"{max(1, cfg.n_tokens - 1)} of them) · rule: {same_answer.RULE_TITLES[spec.rule].split(':')[0]}")
+    st.caption(same_answer_view.sampling_plan(s.level, s.mode == "greedy", sp.temperature, sp.top_p, sp.seed,
+                                              pair.spec.title, drafters.spec(s.drafter).title, s.gamma, cfg.n_tokens,
+                                              same_answer.RULE_TITLES[spec.rule].split(':')[0]))
     ref_key = ("same_answer.ref", pair.spec.name, prompt.text, cfg)
     spec_key = ("same_answer.spec", pair.spec.name, prompt.text, cfg, spec)
     problem = prompt.problem(max(2, cfg.n_tokens))
@@ -260,7 +265,7 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
     if slot.shown() is None:
         if pair.spec.name.startswith("qwen-coder"):
             st.caption("On the 1.5B pair every continuation not seen before costs a full target pass and each sample "
-                       "handles a 152k-token vocabulary: measured on this shared CPU, the default 2000 two-token samples "
+                       "handles a 152k-token vocabulary: measured on the 2-core test machine (2026), the default 2000 two-token samples "
                        "took about 1 minute for the target alone and 2–4 minutes with speculation. SmolLM2-135M "
                        "finishes the default in well under a minute.")
         return

@@ -14,9 +14,9 @@ from specviz.app import predict
 from specviz.presets import GROUP_TITLES, PRESETS
 from specviz.viz import predict as predict_view
 from specviz.settings import Settings
-from specviz.app.shell import chart, font_size, lesson_md, run_page
+from specviz.app.shell import chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import settings
-from specviz.labs import helpers, where_it_helps
+from specviz.labs import helpers, ranking, where_it_helps
 from specviz.labs.where_it_helps import BenchFile, BenchReadError, WorkloadResults
 from specviz.viz import strip
 from specviz.viz import helpers as helpers_view
@@ -60,10 +60,18 @@ def _source(s: Settings, bench_path: Path | None) -> str:
     return source
 
 
-def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
+def _run_now(s: Settings, requested: bool, predicted: bool) -> WorkloadResults | None:
     """Source 1: every preset, target alone and speculative, with the sidebar's settings."""
-    cfg = where_it_helps.workloads_config(s)
-    st.caption(f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
+    longer = s.max_new_tokens > where_it_helps.SHORT_TOKENS and st.toggle(
+        f"Full length: the sidebar's {s.max_new_tokens} new tokens per run", key=P + "full",
+        help=f"The default stops each run at {where_it_helps.SHORT_TOKENS} new tokens to keep the press short; "
+             f"full length takes about {s.max_new_tokens / where_it_helps.SHORT_TOKENS:.1f} times as "
+             "long (the time grows with the tokens), with a progress bar.")
+    cfg = where_it_helps.workloads_config(s, full=longer)
+    st.caption(f"Plan: for each of the {len(cfg.presets)} kinds of writing, the big model alone and then with its "
+               f"helper, up to {cfg.spec.max_new_tokens} words each — {cfg.runs} races, one after another."
+               if s.level == "d1" else
+               f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
                f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
                "Change γ, the drafter or the decoding in the sidebar.")
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
@@ -73,14 +81,18 @@ def _run_now(s: Settings, requested: bool) -> WorkloadResults | None:
         if pair is None:
             return None
         jobs.start(SLOT, {key: lambda: where_it_helps.workload_steps(pair, cfg)})
-    done = jobs.results(SLOT, (key,))
+    done = jobs.results(SLOT, (key,), adopt=predicted)  # another visitor's run only after this one's prediction
     if SLOT.shown() is None:
         st.caption("Nothing measured yet with these settings: press **Run the workloads**.")
     return done[0] if done else None
 
 
-def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
-    """Source 2: the newest `python -m specviz bench` CSV for this pair."""
+def _show_bench() -> None:
+    ss[P + "bench_shown"] = True
+
+
+def _bench(s: Settings, path: Path | None, predicted: bool) -> WorkloadResults | None:
+    """Source 2: the newest `python -m specviz bench` CSV for this pair, once this visitor predicted or asked for it."""
     if path is None:
         st.info(f"No benchmark file for `{s.pair}` in `benchmarks/`. Make one with "
                 f"`python -m specviz bench --pair {s.pair}` (add `--quick` for a shorter run), "
@@ -105,6 +117,10 @@ def _bench(s: Settings, path: Path | None) -> WorkloadResults | None:
         ss[P + "bench_method"] = default
     method = right.selectbox("Method shown", methods, key=P + "bench_method", format_func=where_it_helps.bench_method_words)
     _provenance(file, s)
+    if not (predicted or ss.get(P + "bench_shown")):  # the file is the answer: it waits for this visitor
+        st.button("Show the recorded results", key=P + "bench_go", icon=":material/history:", type="primary",
+                  on_click=_show_bench)
+        return None
     return where_it_helps.bench_results(file, s.pair, method, mode)
 
 
@@ -126,12 +142,14 @@ def _provenance(file: BenchFile, s: Settings) -> None:
 
 def _results(res: WorkloadResults, s: Settings) -> None:
     st.subheader("What was measured" if s.level != "d1" else "What we found")
-    st.caption(f"{f'Measured now on this machine ({host.machine_words()})' if res.source == 'run' else 'From the file'}: "
-               f"{res.method}.")
+    where = f"Measured now on this machine ({host.machine_words()})" if res.source == "run" else "From the file"
+    st.caption(f"{where}." if s.level == "d1" else f"{where}: {res.method}.")  # D1: no γ or decoding words
     if not res.rows:
         st.info("No workload could be measured.")
     else:
-        st.markdown(where_it_helps_view.headline(res.rows, s.level))
+        st.markdown(where_it_helps_view.headline(res, s.level))
+        if noise := where_it_helps_view.noise_sentence(res, s.level):
+            st.caption(noise)
         chart(where_it_helps_view.workload_bars(res.rows, s.level, font_size(s)), P + "bars")
         _summary(res, s)
         if s.level != "d1":
@@ -163,9 +181,11 @@ def _summary(res: WorkloadResults, s: Settings) -> None:
 
 
 def _table(res: WorkloadResults, s: Settings) -> None:
-    st.dataframe(where_it_helps_view.workload_table(res, s.level), hide_index=True)  # st.dataframe escapes every cell
+    table(where_it_helps_view.workload_table(res, s.level))  # st.dataframe escapes every cell
     if res.target_step_ms:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
+    st.download_button("Download the measurement (JSON)", where_it_helps.results_json(res), icon=":material/download:",
+                       file_name="specviz-where-it-helps.json", mime="application/json", key=P + "json")
 
 
 def _request_helpers() -> None:
@@ -185,9 +205,10 @@ def _helpers_section(s: Settings) -> None:
     key = ("where_it_helps.helpers", cfg)
     asking = st.container()  # the predictions go above the button; whether to ask is known once the job is read
     mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g})"
-    st.caption(f"Plan: on the code, list and story presets, the target alone, then each helper (γ = {helpers.GAMMA}; "
-               f"the tree its default size): {cfg.runs} runs of {cfg.max_new_tokens} tokens, {mode}. About 3 minutes "
-               "on qwen-coder on this CPU.")
+    st.caption(f"Plan: on the code, list and story prompts, the big model alone, then with each helper: {cfg.runs} "
+               f"races of {cfg.max_new_tokens} words." if d1 else
+               f"Plan: on the code, list and story presets, the target alone, then each helper (γ = {helpers.GAMMA}; "
+               f"the tree its default size): {cfg.runs} runs of {cfg.max_new_tokens} tokens, {mode}.")
     st.button("Race the helpers" if d1 else "Compare the helpers", key=P + "helpers_go", icon=":material/sprint:",
               on_click=_request_helpers)
     if ss.pop(P + "helpers_request", False):
@@ -197,7 +218,8 @@ def _helpers_section(s: Settings) -> None:
         for line in helpers.available(pair, cfg.helpers)[1]:
             st.info(f"Left out: {line}", icon=":material/info:")
         jobs.start(HELPERS_SLOT, {key: lambda: helpers.helpers_steps(pair, cfg)})
-    done = jobs.results(HELPERS_SLOT, (key,))
+    predicted = all(predict.choice(P, q) is not None for q in questions.values())
+    done = jobs.results(HELPERS_SLOT, (key,), adopt=predicted)  # another visitor's race only after these predictions
     result = done[0] if done else None
     if result is None:
         with asking:
@@ -209,13 +231,15 @@ def _helpers_section(s: Settings) -> None:
                         key=lambda p: -p.speedup)
         if ranked:
             second = ranked[1] if len(ranked) > 1 else None
+            tied = result.leaders(preset)[1:]  # within the margin of the fastest: about the same, each one right
             predict.reveal(P, q, predict_view.reveal_helper(
                 helpers_view.helper_name(ranked[0].helper, s.level), ranked[0].speedup,
-                helpers_view.helper_name(second.helper, s.level) if second else None, second.speedup if second else None))
+                helpers_view.helper_name(second.helper, s.level) if second else None, second.speedup if second else None,
+                [(helpers_view.helper_name(p.helper, s.level), p.speedup) for p in tied], ranking.MIN_MARGIN))
     st.markdown(helpers_view.verdict(result, s.level))
     chart(helpers_view.helpers_figure(result, s.level, font_size(s)), P + "helpers_chart")
     if not d1:
-        st.dataframe(helpers_view.helpers_table(result, s.level), hide_index=True, key=P + "helpers_table")
+        table(helpers_view.helpers_table(result, s.level), key=P + "helpers_table")
 
 
 def main() -> None:
@@ -225,15 +249,17 @@ def main() -> None:
     bench_path = where_it_helps.find_bench(s.pair)
     source = _source(s, bench_path)
     question = predict_view.workload_question([p.title for p in PRESETS])
-    res = _run_now(s, requested) if source == "run" else _bench(s, bench_path)
+    predicted = predict.choice(P, question) is not None
+    res = _run_now(s, requested, predicted) if source == "run" else _bench(s, bench_path, predicted)
     scored = [r for r in res.rows if r.speedup is not None] if res is not None else []
     if not scored:
         predict.ask(P, question)
     st.divider()
     if res is not None:
         if scored:
-            best = max(scored, key=lambda r: r.speedup)
-            predict.reveal(P, question, predict_view.reveal_workload(best.title, best.speedup))
+            best, *tied = res.leaders()  # several: about the same, and a prediction of any of them is right
+            predict.reveal(P, question, predict_view.reveal_workload(
+                best.title, best.speedup, [(r.title, r.speedup) for r in tied], res.margin))
         _results(res, s)
     lesson_md(s.level, "where_why")
     if s.level == "d5":

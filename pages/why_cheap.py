@@ -19,13 +19,13 @@ from specviz.settings import bounded
 from specviz.app import predict
 from specviz.viz import predict as predict_view
 from specviz.settings import Settings
-from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page
+from specviz.app.shell import ASSETS, chart, font_size, lesson_md, run_page, table
 from specviz.app.sidebar import current_policy, settings
 from specviz.labs import busy
 from specviz.bench.batch import BatchReport, batch_steps
 from specviz.labs.why_cheap import (
-    GPU_FIGURES, KernelConfig, PassCost, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
-    measure_pass_cost, measure_round_profile,
+    GPU_FIGURES, KernelConfig, PassCostConfig, ProfileConfig, Reference, load_reference, measure_kernel_cost,
+    measure_loaded_pass_cost, measure_round_profile, pass_cost_to_dict,
 )
 from specviz.viz import why_cheap as why_cheap_view
 
@@ -60,8 +60,8 @@ class Section:
 
 PASS = Section("pass", ("How long does checking take?", "One pass, more new tokens"), "cheap_pass",
                ("Time the big model", "Measure pass times"), ":material/timer:", "Repeats per point (median shown)", 5,
-               "More repeats steady the figures; each repeat is one pass per size (about 2–3 s with the Qwen pair "
-               "on this CPU).", "Timing the target's passes", "The repeats or the pair")
+               "More repeats steady the figures; each repeat is one pass per size, so the time grows with the "
+               "repeats (the progress bar counts the passes).", "Timing the target's passes", "The repeats or the pair")
 KERNELS = Section("kernels", ("Two ways to do the sums", "Two kernels, one layer, side by side"), "cheap_kernels",
                   ("Time both ways", "Time both kernels"), ":material/compare_arrows:", "Repeats per point (median shown)",
                   5, "Each repeat runs one decoder layer's linears over 1–16 rows through each kernel.",
@@ -69,8 +69,10 @@ KERNELS = Section("kernels", ("Two ways to do the sums", "Two kernels, one layer
 
 
 def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: Callable[[Any, Any], Any],
-                 note: str | None = None) -> Any:
-    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done."""
+                 note: str | None = None, adopt: bool = False) -> Any:
+    """A section's title, lesson, button and repeats box, then its job: run on a press, its result once done.
+
+    `adopt`: show another visitor's measurement of these settings unasked (only once this visitor predicted)."""
     st.subheader(sec.title[s.level != "d1"])
     lesson_md(s.level, sec.lesson)
     if note:
@@ -89,7 +91,7 @@ def _measurement(sec: Section, s: Settings, config: Callable[[int], Any], make: 
         pair = pair_or_message(s.pair, key=P + "retry")
         if pair is not None:
             jobs.start(slot, {key: lambda: make(pair, cfg)})
-    done = jobs.results(slot, (key,))
+    done = jobs.results(slot, (key,), adopt=adopt)
     return done[0] if done else None
 
 
@@ -102,33 +104,17 @@ def _chart(fig: Any, key: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def _pass_words(cost: PassCost, s: Settings) -> str:
-    r = dict(zip(cost.ks, cost.ratios))
-    top = cost.ks[-1]
-    if s.level == "d1":
-        said = f"Checking **{top} words at once** took **{r[top]:.1f} times** as long as writing one word"
-        if r[top] <= top / 2:
-            return f"{said} — not {top} times. Reading the book is the slow part!"
-        return f"{said}. On this small computer the extra words were not cheap this time."
-    parts = ", ".join(f"{k} tokens ≈ **{r[k]:.2f}**" for k in cost.ks if k > 1)
-    said = (f"One plain decoding step (1 new token) took **{cost.step_ms:.0f} ms** here. In one-token steps, a "
-            f"single pass over {parts} — if the cost grew with the tokens, {top} tokens would cost {top}.")
-    check = max((k for k in cost.ks if k <= 5), default=1)  # a chain of 4 guesses is checked in a pass of 5
-    if check > 1:
-        said += f" So checking {check} tokens at once cost **{why_cheap_view.cost_words(r[check])}** here."
-    return said
-
-
 def _pass_section(s: Settings, reference: Reference | None) -> None:
     cost = _measurement(PASS, s, lambda repeats: PassCostConfig(repeats=repeats),
-                        lambda pair, cfg: measure_pass_cost(pair.target, pair.tokenizer, s.pair, cfg))
+                        lambda pair, cfg: measure_loaded_pass_cost(pair, s.pair, cfg),
+                        adopt=predict.choice(P, predict_view.CHEAP) is not None)
     if cost is None or 16 not in cost.ks:
         predict.ask(P, predict_view.CHEAP, "Answer, then press the button: the stopwatch answers it.")
     if cost is None:
         return
     if 16 in cost.ks:
         predict.reveal(P, predict_view.CHEAP, predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms))
-    st.markdown(_pass_words(cost, s))
+    st.markdown(why_cheap_view.pass_words(cost, s.level))
     fs = font_size(s)
     if s.level == "d1":
         _chart(why_cheap_view.pass_time_figure(cost, fs, x_title="words checked at once", y_title="time (milliseconds)",
@@ -143,8 +129,11 @@ def _pass_section(s: Settings, reference: Reference | None) -> None:
             _chart(why_cheap_view.pass_ratio_figure(cost, ref, fs), "pass_ratio")
     _noise_note(cost.spread, s)
     if s.level == "d5":
-        st.dataframe(why_cheap_view.pass_table(cost), hide_index=True)
-    st.caption(_machine_line(cost))
+        table(why_cheap_view.pass_table(cost))
+    st.caption(why_cheap_view.machine_line(cost, s.level))
+    st.download_button("Download the measurement (JSON)", json.dumps(pass_cost_to_dict(cost), indent=1),
+                       file_name="specviz-pass-times.json", mime="application/json", icon=":material/download:",
+                       key=P + "pass_json")
 
 
 def _kernel_words(kc: Any, s: Settings) -> str:
@@ -175,7 +164,7 @@ def _kernel_section(s: Settings) -> None:
     st.markdown(_kernel_words(kc, s))
     _chart(why_cheap_view.kernel_figure(kc, font_size(s)), "kernels")
     if s.level == "d5":
-        st.dataframe(why_cheap_view.kernel_table(kc), hide_index=True)
+        table(why_cheap_view.kernel_table(kc))
 
 
 def _profile_section(s: Settings) -> None:
@@ -194,7 +183,7 @@ def _profile_section(s: Settings) -> None:
         pair = pair_or_message(s.pair, key=P + "retry_profile")
         if pair is not None:
             jobs.start(slot, {key: lambda: measure_round_profile(pair, cfg)})
-    done = jobs.results(slot, (key,))
+    done = jobs.results(slot, (key,), adopt=False)  # a visitor sees a profile after their own press
     if not done:
         return
     found = done[0]
@@ -203,7 +192,7 @@ def _profile_section(s: Settings) -> None:
                 f"model drafter, greedy): the draft's passes and sampling **{draft:.0f} ms**, the target's check "
                 f"**{verify:.0f} ms**, the rest between them **{between:.1f} ms**.")
     _chart(why_cheap_view.profile_figure(found, font_size(s)), "profile")
-    st.dataframe(why_cheap_view.profile_table(found), hide_index=True)
+    table(why_cheap_view.profile_table(found))
 
 
 def _noise_note(spread: float, s: Settings) -> None:
@@ -217,12 +206,6 @@ def _noise_note(spread: float, s: Settings) -> None:
     st.warning(f"The repeats disagree (slowest ÷ fastest up to {spread:.1f}×): something else used this machine's "
                "cores during the measurement. Medians resist a few disturbed repeats, not many; measure again "
                "with more repeats when the server is quiet.", icon=":material/timer_off:")
-
-
-def _machine_line(measured: PassCost) -> str:
-    m = measured.machine
-    where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
-    return f"Measured on {where}, pair {measured.pair}, with {measured.context_tokens} tokens already in the KV cache."
 
 
 # ------------------------------------------------------------------------------------------
@@ -257,8 +240,10 @@ def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> 
                                         key=f"{P}busy_live", icon=":material/stacks:")
         repeats = st.number_input("Repeats per batch size", 1, 5, value=busy.LAB_REPEATS, step=1, key=f"{P}busy_repeats",
                                   width=200, help="Each repeat runs every batch size once more; the chart's whiskers "
-                                  "span the repeats. Batch 1–16 with 3 repeats takes about 10 minutes with the Qwen "
-                                  f"pair on 2 CPU cores; this server: {host.machine_words()}.") if live_ok and not d1 else busy.LAB_REPEATS
+                                  f"span the repeats. One repeat stops within {busy.time_limit(1):.0f} s (before a batch "
+                                  "size that would end later, said under the chart); each repeat more allows "
+                                  f"{busy.TIME_LIMIT_S:.0f} s more. This server: {host.machine_words()}."
+                                  ) if live_ok and not d1 else busy.LAB_REPEATS
     if not live_ok:
         st.caption("In this classroom the recorded measurement is shown: a live one would hold the shared models "
                    "for minutes. The operator can allow it (`SPECVIZ_CLASSROOM_LIVE_BATCH=1`).")
@@ -320,7 +305,7 @@ def _busy_section(s: Settings, reference: Reference | None) -> None:
                  "Please report it with the JSON below.", icon=":material/error:")
     if not d1:
         rows = busy.table_rows(report)
-        st.dataframe(rows, hide_index=True)
+        table(rows)
         with st.container(horizontal=True, gap="small"):
             st.download_button("CSV", busy.csv_text(rows), file_name="specviz-batches.csv", mime="text/csv",
                                icon=":material/download:", key=f"{P}busy_csv")
@@ -349,7 +334,7 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
     if reference is None:
         st.info("**No GPU figures measured yet.** None was lent to this project so far; the numbers above are "
                 "this CPU's only. The same code measures a GPU in one command:", icon=":material/developer_board:")
-        st.code(GPU_COMMAND, language="bash")
+        st.code(GPU_COMMAND, language="bash", wrap_lines=True)  # never cut at 390 px
         st.caption(f"Saved as `{GPU_FIGURES.name}` in `assets/`, the GPU curves appear in the charts above next to "
                    "this machine's.")
         return
@@ -360,11 +345,11 @@ def _hardware_section(s: Settings, reference: Reference | None) -> None:
                icon=":material/developer_board:")
     if reference.pass_cost is not None:
         st.markdown(why_cheap_view.gpu_sentence(reference, s.gamma))
-        st.dataframe(why_cheap_view.pass_table(reference.pass_cost), hide_index=True)
+        table(why_cheap_view.pass_table(reference.pass_cost))
     if reference.step_cost is not None and s.level == "d5":
-        st.dataframe(why_cheap_view.step_cost_table(reference.step_cost), hide_index=True)
+        table(why_cheap_view.step_cost_table(reference.step_cost))
     st.caption("Measure another GPU with the same code:")
-    st.code(GPU_COMMAND, language="bash")
+    st.code(GPU_COMMAND, language="bash", wrap_lines=True)  # never cut at 390 px
 
 
 # ------------------------------------------------------------------------------------------

@@ -99,6 +99,12 @@ def test_d1_words_carry_no_numbers_or_jargon():
         assert not re.search(r"\d|token|probab|residual", d1[key]), key
     for key in ("intro", "question", "answer", "picture"):
         assert not re.search(r"\d|token|probab|residual|γ", lessons.lesson("d1", key)), key
+    for key in ("cheap_intro", "cheap_pass", "cheap_batch", "cheap_hardware", "howfar_intro", "howfar_read",
+                "where_intro", "where_why", "same_intro", "same_greedy", "same_sampling", "same_why", "helpers",
+                "chain_or_tree"):  # the lab pages' D1 texts: the story's words (issue 62)
+        assert not re.search(r"γ|KV cache|temperature|top-p|greedy|token", lessons.lesson("d1", key)), key
+    for key in ("cheap_intro", "cheap_hardware", "howfar_read"):  # and no figure the visitor's machine decides
+        assert not re.search(r"twice|about as long|\d", lessons.lesson("d1", key)), key
 
 
 def _wait(pred, timeout=10.0):

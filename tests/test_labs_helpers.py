@@ -36,8 +36,28 @@ def test_the_figure_table_and_verdict_come_from_the_runs(result):
     table = view.helpers_table(result, "d5")
     assert len(table) == len(result.points) and "c (guess cost ÷ target step)" in table.columns
     words = view.verdict(result, "d5")
-    assert words.count("- **") == len(helpers.PRESETS) and "fastest:" in words
-    assert "sooner" in view.verdict(result, "d1")
+    assert words.count("- **") == len(helpers.PRESETS)
+    for preset, line in zip(helpers.PRESETS, words.splitlines()):
+        lead = result.leaders(preset)  # a winner only beyond the margin, else "about the same"
+        assert view.preset_title(preset) in line and f"{lead[0].speedup:.2f}×" in line
+        assert ("about the same:" in line) == (len(lead) > 1) and ("fastest:" in line) == (len(lead) == 1)
+    assert "times as fast" in view.verdict(result, "d1")
+
+
+def _point(preset: str, helper: str, speedup: float) -> helpers.HelperPoint:
+    return helpers.HelperPoint(preset, helper, 0.8, 0.1, 2.0, speedup, True)
+
+
+def test_a_helper_wins_only_beyond_the_margin():
+    cfg = helpers.HelpersConfig("tiny-random", SamplingConfig("greedy"))
+    result = helpers.HelpersResult(cfg, (
+        _point("code", "model", 1.50), _point("code", "ngram", 1.45), _point("code", "eagle", 1.0),
+        _point("story", "model", 1.50), _point("story", "ngram", 1.20)))
+    assert [p.helper for p in result.leaders("code")] == ["model", "ngram"]  # 3 % apart: about the same
+    assert [p.helper for p in result.leaders("story")] == ["model"]  # 25 % ahead: a winner
+    d2, d1 = view.verdict(result, "d2"), view.verdict(result, "d1")
+    assert "about the same: draft model and prompt lookup (1.45× to 1.50×" in d2 and "fastest: draft model, 1.50×" in d2
+    assert "too close to name a winner" in d1 and "the fastest helper was the" in d1 and "1.5 times as fast" in d1
 
 
 def test_helpers_a_pair_cannot_run_are_named_and_left_out():
@@ -46,3 +66,10 @@ def test_helpers_a_pair_cannot_run_are_named_and_left_out():
     assert ok == ("ngram",) and len(missing) == 3 and any("ships no trained head" in m for m in missing)
     with pytest.raises(ValueError, match="unknown drafter"):
         helpers.HelpersConfig("tiny-random", SamplingConfig("greedy"), helpers=("oracle",))
+
+
+def test_the_table_is_rounded_as_it_is_read():
+    cfg = helpers.HelpersConfig("tiny-random", SamplingConfig("greedy"))
+    raw = helpers.HelpersResult(cfg, (helpers.HelperPoint("code", "model", 0.833333, 0.123456, 10.666667, 1.456789, True),))
+    row = view.helpers_table(raw, "d5").iloc[0]
+    assert row["tokens / target call"] == 10.67 and row["speed-up"] == 1.46 and row["α (accepted ÷ checked)"] == 0.83

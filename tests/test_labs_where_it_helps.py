@@ -187,3 +187,15 @@ def test_bars_show_speedup_with_a_no_gain_line_and_acceptance_by_group():
     assert fig.layout.xaxis.title.text == "workload"
     kids = where_it_helps_view.workload_bars(rows, "d1")
     assert {t.name for t in kids.data} == {"easy to guess", "hard to guess"}
+
+
+def test_the_default_press_is_short_and_full_length_is_a_choice():
+    from specviz.settings import Settings
+
+    s = Settings(pair="tiny-random", max_new_tokens=64)
+    short, full = where_it_helps.workloads_config(s), where_it_helps.workloads_config(s, full=True)
+    assert short.spec.max_new_tokens == short.baseline.max_new_tokens == where_it_helps.SHORT_TOKENS
+    assert full.spec.max_new_tokens == full.baseline.max_new_tokens == 64 and full.spec.gamma == s.gamma
+    few = Settings(pair="tiny-random", max_new_tokens=12)  # already short: the sidebar's own length
+    assert where_it_helps.workloads_config(few) == where_it_helps.workloads_config(few, full=True)
+    assert where_it_helps.workloads_config(few).spec.max_new_tokens == 12

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from specviz import host
 from specviz.app import jobs
-from tests.test_page_watch import no_exception, texts, open_page as open_app_page, set_settings
+from tests.test_page_watch import html, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/how_far.py"
 
@@ -73,11 +73,19 @@ def test_measure_shows_the_sweep_and_levels_change_words_not_the_run():
     job = jobs.runner().get(key)
     assert job.view().state == "done"
     d5_words = texts(at)
+    other = open_page(level="d5")  # a second visitor, same settings: no answer before their prediction or press
+    assert not other.metric and "how_far.key" not in other.session_state and "Answer" not in html(other)
+    assert "Which number of guesses per round (γ) will be fastest here?" in texts(other)
+    other.button(key="how_far.run").click().run()
+    no_exception(other)
+    assert other.session_state["how_far.key"] == key and jobs.runner().get(key) is job and other.metric
     set_settings(at, level="d1")
     no_exception(at)
     d1_words = texts(at)
     assert d1_words != d5_words and "Let's find out" in d1_words and "times as fast" in d1_words
     assert not at.metric and "Leviathan" not in d1_words and "Acceptance by position" not in d1_words
+    jargon = [w for w in ("γ", "greedy", "KV cache", "temperature", "top-p") if w in d1_words]
+    assert not jargon, jargon  # D1: the story's words (issue 62)
     set_settings(at, level="d2")
     no_exception(at)
     assert "How far should the draft model guess?" in texts(at)

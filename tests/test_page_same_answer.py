@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specviz.app.jobs import runner
-from tests.test_page_watch import XSS, no_exception, texts, open_page as open_app_page, set_settings
+from tests.test_page_watch import XSS, html, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/same_answer.py"
 
@@ -62,9 +62,12 @@ def test_page_renders_without_running_a_model():
 
 def test_greedy_runs_are_identical_token_by_token_and_reused():
     at = open_page()
+    assert "With the helper, will the big model write the very same words as on its own?" in texts(at)
+    at.radio(key="same_answer.predict.same").set_value("No, some words change").run()
     at.button(key="same_answer.greedy_go").click()
     wait_for(at, greedy_done)
     assert "Identical: 16 of 16 tokens" in texts(at)
+    assert "the answer is “Yes, word for word”" in html(at) and "Measured: all 16 words were the same" in html(at)
     table = at.dataframe[0].value
     assert len(table) == 16 and set(table["same?"]) == {"✓"}
     key = at.session_state["same_answer.greedy"][0]
@@ -88,6 +91,9 @@ def test_sampling_shows_the_test_and_levels_change_words_not_the_run():
     set_level(at, "d1")
     assert "how often" in at.get("plotly_chart")[0].proto.spec and not at.metric
     assert at.title[0].value == "Does the helper change the answer?" and texts(at) != words
+    kids = texts(at)  # D1: the story's words, no symbols or jargon (issue 62)
+    assert not [w for w in ("temperature", "top-p", "seed", "γ", "KV cache", "greedy") if w in kids], kids
+    assert "roll the same loaded dice" in kids
     set_level(at, "d5")
     assert "degrees of freedom" in texts(at) and "Pearson" in texts(at)
     assert at.session_state["same_answer.sampling"] == (ref_key, spec_key)

@@ -11,7 +11,8 @@ from streamlit.testing.v1 import AppTest
 from specviz import host, models
 from specviz.app import jobs
 from specviz.labs import where_it_helps
-from tests.test_page_watch import no_exception, texts, open_page as open_app_page, set_settings
+from specviz.viz import helpers as helpers_view
+from tests.test_page_watch import html, no_exception, texts, open_page as open_app_page, set_settings
 
 PAGE = "pages/where_it_helps.py"
 
@@ -64,6 +65,8 @@ def test_run_now_draws_bars_per_workload_and_levels_change_words_not_the_run():
     no_exception(at)
     kids = texts(at)
     assert kids != words and "Mercury" in kids and "times as fast" in kids
+    jargon = [w for w in ("γ", "greedy", "KV cache", "temperature", "top-p", "speculative") if w in kids]
+    assert not jargon, jargon  # D1: the story's words (issue 62)
     assert {t["name"] for t in chart(at)["data"] if t["type"] == "bar"} == {"easy to guess", "hard to guess"}
     set_settings(at, level="d5")
     no_exception(at)
@@ -79,6 +82,19 @@ def test_a_second_run_with_the_same_settings_reuses_the_job():
     no_exception(at)
     assert at.session_state["where_it_helps.key"] == key and jobs.runner().get(key) is job and job.view().state == "done"
     assert at.get("plotly_chart")  # still on screen, no progress bar
+
+    # a second visitor with the same settings sees no answer until their own prediction or press
+    other = open_page()
+    assert not other.get("plotly_chart") and "where_it_helps.key" not in other.session_state
+    assert "Answer" not in html(other) and "Which kind of text will the helper speed up most?" in texts(other)
+    other.radio(key="where_it_helps.predict.workload").set_value("Code").run()
+    no_exception(other)
+    assert other.session_state["where_it_helps.key"] == key and other.get("plotly_chart")
+    assert "You predicted “Code”" in html(other) and jobs.runner().get(key) is job  # the shared run, not a new one
+    third = open_page()
+    third.button(key="where_it_helps.run").click().run()  # or their own press: the same job answers at once
+    no_exception(third)
+    assert third.get("plotly_chart") and "Answer:" in html(third) and jobs.runner().get(key) is job
 
 
 def test_changed_sidebar_settings_keep_the_old_bars_until_run():
@@ -113,8 +129,12 @@ def test_slow_pair_opens_on_the_benchmark_file_without_loading_it(monkeypatch):
     no_exception(at)
     assert at.radio(key="where_it_helps.source").value == "bench"
     words = texts(at)
-    assert "slow on this CPU" in words and "bench-qwen-coder.csv" in words and "machine:" in words
+    assert "opens on the latest benchmark file" in words and "bench-qwen-coder.csv" in words and "machine:" in words
     assert at.selectbox(key="where_it_helps.bench_method").value == "spec-g4"
+    assert not at.get("plotly_chart") and "Answer" not in html(at)  # the file is the answer: it waits for a press
+    at.button(key="where_it_helps.bench_go").click().run()
+    no_exception(at)
+    assert "Answer:" in html(at)
     bars = [t for t in chart(at)["data"] if t["type"] == "bar"]
     assert {t["name"] for t in bars} == {"predictable", "creative"}
     at.selectbox(key="where_it_helps.bench_method").set_value("spec-adaptive").run()
@@ -135,5 +155,6 @@ def test_which_helper_wins_asks_first_then_races_the_helpers_on_the_tiny_pair():
         no_exception(at)
     names = {t["name"] for c in at.get("plotly_chart") for t in json.loads(c.proto.spec)["data"]}
     assert {"draft model", "prompt lookup", "head (chain)", "head (tree)"} <= names
-    assert "fastest:" in texts(at) and len(at.dataframe) == 1
+    result = jobs.runner().get(at.session_state["where_it_helps.helpers_key"]).view().result
+    assert helpers_view.verdict(result, "d2") in texts(at) and len(at.dataframe) == 1  # the verdict of this run
     assert sum("Answer:" in h.proto.body for h in at.get("html")) == 2  # both questions revealed (no prediction made)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from specviz import models
 from specviz.bench import timing
 from specviz.app import jobs
 from specviz.labs import busy
@@ -81,10 +82,13 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     assert len(charts(at)) == 2
     d2_words = texts(at)
     assert "this server's CPU" in d2_words and "no GPU" in d2_words
+    pair = models.load_pair("tiny-random")  # the page names the weights and kernel that ran, from the record
+    assert f"target weights: {vc.weights_words(pair.target_precision, pair.target_kernel)}," in d2_words
 
     at.radio(key="cfg.level").set_value("d1").run()  # a view change: new words, same measurement
     no_exception(at)
     assert "words at once" in texts(at) and "One plain decoding step" not in texts(at)
+    assert "Timed on this computer's processor" in texts(at) and "KV cache" not in texts(at)  # D1: the story's words
     assert "words checked at once" in chart_titles(at)
     at.radio(key="cfg.level").set_value("d5").run()
     no_exception(at)
@@ -99,6 +103,16 @@ def test_pass_times_appear_words_follow_the_level_and_the_job_is_reused():
     at.number_input(key="why_cheap.pass_repeats").set_value(3).run()  # settings changed, not yet measured
     no_exception(at)
     assert "changed since this measurement" in texts(at) and pass_done(at)
+
+    # a second visitor with the same settings: the shared measurement waits for their own prediction
+    other = open_page(level="d2")
+    other.number_input(key="why_cheap.pass_repeats").set_value(2).run()
+    no_exception(other)
+    assert not pass_done(other) and "why_cheap.pass" not in other.session_state and "Answer" not in html(other)
+    other.radio(key="why_cheap.predict.cheap").set_value(other.radio(key="why_cheap.predict.cheap").options[0]).run()
+    no_exception(other)
+    assert pass_done(other) and other.session_state["why_cheap.pass"] == key and "You predicted" in html(other)
+    assert jobs.runner().get(key) is job  # shared, not re-run
 
 
 def test_the_recorded_batches_answer_the_prediction_with_chart_table_and_downloads():
@@ -132,7 +146,7 @@ def test_a_live_batch_measurement_runs_as_a_job_with_the_sidebars_gamma():
     assert key[0] == "why_cheap.busy" and key[2].gamma == 3 and key[2].repeats == 1
     assert "Measured just now on this server" in texts(at)
     table = next(d.value for d in at.dataframe if "verify cost (steps)" in d.value.columns)
-    assert list(table["batch"]) == [1, 2, 4, 8, 16] and all(table["identical to alone"])
+    assert list(table["batch"]) == list(busy.LAB_SIZES) and all(table["identical to alone"])
 
 
 def test_a_classroom_shows_the_recording_unless_the_operator_allows_live_batches(monkeypatch):

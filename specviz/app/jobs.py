@@ -192,14 +192,16 @@ def _on_record(keys: Sequence[Key]) -> bool:
     return all(j is not None and j.view().state not in ("failed", "cancelled") for j in found)
 
 
-def results(slot: Slot, current: tuple[Key, ...] | None) -> tuple[Any, ...] | None:
+def results(slot: Slot, current: tuple[Key, ...] | None, adopt: bool = True) -> tuple[Any, ...] | None:
     """Draw where a section's jobs stand; their results once every one is done, else None.
 
     `current` are the keys the section's settings ask for now (None when they cannot run): when
     they differ from the keys on screen, the old result stays with a note until the button is pressed.
+    `adopt`: whether this visitor may be shown someone else's job for these settings now (a lab passes
+    False until the visitor has made their own prediction: a shared answer must not come before it).
     """
     shown = slot.shown()
-    if slot.adopt and current is not None and shown != current and _on_record(current):
+    if slot.adopt and adopt and current is not None and shown != current and _on_record(current):
         slot.remember(current)
         shown = current
     if shown is None:

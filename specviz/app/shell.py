@@ -74,3 +74,37 @@ def lesson_md(level: str, key: str) -> bool:
     st.markdown(lesson(level, key))
     return True
 
+
+CELL_CHARS = 40  # a longer cell may still be cut: the table would otherwise be wider than any phone
+
+
+def _columns(data: Any) -> dict[str, int]:
+    """Each column's name and its widest text in characters (its header or a cell, at most CELL_CHARS), for a
+    DataFrame, a pandas Styler or a list of row dicts."""
+    frame = getattr(data, "data", data)  # a Styler holds its frame in .data
+    if hasattr(frame, "columns"):
+        rows = frame.to_dict("records")
+        names = [str(c) for c in frame.columns]
+    elif isinstance(data, list) and data and isinstance(data[0], dict):
+        rows, names = data, [str(c) for c in data[0]]
+    else:
+        return {}
+    widest = {c: len(c) for c in names}
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, str) and str(key) in widest:  # text cells: numbers are formatted short
+                widest[str(key)] = max(widest[str(key)], min(len(value), CELL_CHARS))
+    return widest
+
+
+def header_widths(columns: dict[str, int], px_per_char: float = 7.5, padding: int = 40) -> dict[str, Any]:
+    """A column_config giving each column room for its whole header and text cells: Streamlit sizes a column by its
+    cells and cut headers such as "same text as target alone" to "same text as t…" at 1280 px, and a narrow column
+    cut "Copying from the prompt"; a wider table scrolls instead."""
+    return {c: st.column_config.Column(width=int(n * px_per_char) + padding) for c, n in columns.items()}
+
+
+def table(data: Any, **kwargs: Any) -> None:
+    """A lab's table: no index, every header and text cell whole (the table scrolls sideways when the page is
+    narrower)."""
+    st.dataframe(data, hide_index=True, column_config=header_widths(_columns(data)), **kwargs)

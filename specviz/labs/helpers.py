@@ -13,6 +13,7 @@ from specviz.core.limits import DEFAULT_GAMMA
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.trace import GenerationConfig
+from specviz.labs import ranking
 from specviz.models import drafting
 from specviz.presets import get_preset
 from specviz.settings import encode_prompt
@@ -87,6 +88,11 @@ class HelpersResult:
         """The helper with the highest measured speed-up on a preset."""
         scored = [p for p in self.points if p.preset == preset and p.speedup is not None]
         return max(scored, key=lambda p: p.speedup) if scored else None  # type: ignore[arg-type, return-value]
+
+    def leaders(self, preset: str) -> tuple[HelperPoint, ...]:
+        """The fastest helper on a preset and every one within ranking.MIN_MARGIN of it (one run each, so no spread
+        is measured: the floor decides; several leaders are "about the same")."""
+        return ranking.leaders([p for p in self.points if p.preset == preset], lambda p: p.speedup, ranking.MIN_MARGIN)
 
 
 def helpers_steps(pair: Any, config: HelpersConfig) -> Generator[Progress, None, HelpersResult]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -17,6 +18,7 @@ from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.progress import Progress, with_progress
 from specviz.core.sampling import SamplingConfig
 from specviz.core.limits import APP_MAX_NEW_RANGE
+from specviz.labs import ranking
 from specviz.models import drafting
 
 DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
@@ -111,6 +113,16 @@ class Sweep:
     def best_measured(self) -> GammaPoint | None:
         scored = [p for p in self.points if p.speedup is not None]
         return max(scored, key=lambda p: p.speedup) if scored else None
+
+    def leaders(self) -> tuple[GammaPoint, ...]:
+        """The fastest γ and every γ within ranking.MIN_MARGIN of it (one run each against one baseline, so no spread
+        is measured here: the floor decides; several leaders are "about the same", each a right prediction)."""
+        return ranking.leaders(self.points, lambda p: p.speedup, ranking.MIN_MARGIN)
+
+
+def sweep_json(sweep: Sweep) -> str:
+    """The whole measurement as JSON (the page offers it for download: every figure the page states is in it)."""
+    return json.dumps(asdict(sweep), ensure_ascii=False, indent=1, default=str)
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import statistics
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from specviz.core import metrics
+from specviz.labs import ranking
 from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS_BY_NAME
 from specviz.bench.report import safe_name
 from specviz.core import drafters
@@ -24,9 +26,10 @@ from specviz.models import drafting
 
 Source = Literal["run", "bench"]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-# Pairs too slow on the 2-core CPU to run twelve generations while a class waits: qwen-coder's 1.5B
-# target takes ~300 ms per token, so six workloads × (baseline + speculative) × 64 tokens is ~4 minutes.
+# Pairs too slow on a 2-core CPU to run twelve generations while a class waits: the page opens them on a
+# recorded benchmark file (the sentence shown names no speed: the visitor's machine decides that).
 SLOW_PAIRS = frozenset({"qwen-coder"})
+SHORT_TOKENS = 40  # new tokens per run of the default press (see workloads_config)
 NEEDED_COLUMNS = ("workload", "kind", "mode", "method", "speedup", "acceptance_rate")
 
 
@@ -61,10 +64,30 @@ class WorkloadResults:
     skipped: tuple[str, ...] = ()  # workloads that could not run (with the reason)
     target_step_ms: float | None = None  # run now: median one-token target step over all baselines
 
+    @property
+    def timing_spread(self) -> float | None:
+        """How far the target-alone runs' ms/token differed across workloads: the same model timed six times on short
+        prompts, so their spread is this measurement's timing noise (a slow spell in one baseline shows here)."""
+        return ranking.spread(r.baseline_ms_per_token for r in self.rows)
+
+    @property
+    def margin(self) -> float:
+        """The relative lead a workload (or a group) needs to be called the winner of this measurement."""
+        return ranking.margin(self.timing_spread)
+
+    def leaders(self) -> tuple[WorkloadRow, ...]:
+        """The workload that gained most and every one within the margin of it (several: about the same)."""
+        return ranking.leaders(self.rows, lambda r: r.speedup, self.margin)
+
     def group_mean(self, group: str, field: str) -> float | None:
         """Mean of one field over a group's workloads (None when nothing was measured)."""
         vals = [getattr(r, field) for r in self.rows if r.group == group and getattr(r, field) is not None]
         return sum(vals) / len(vals) if vals else None
+
+
+def results_json(res: WorkloadResults) -> str:
+    """The whole measurement as JSON (the page offers it for download: every figure the page states is in it)."""
+    return json.dumps(asdict(res), ensure_ascii=False, indent=1, default=str)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,16 +114,22 @@ class WorkloadsConfig:
         return 2 * len(self.presets)
 
 
-def workloads_config(s: Settings) -> WorkloadsConfig:
-    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone."""
-    return WorkloadsConfig(s.pair, s.drafter, s.generation_config(), s.baseline_config())
+def workloads_config(s: Settings, full: bool = False) -> WorkloadsConfig:
+    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone.
+
+    Unless `full`, each run stops at SHORT_TOKENS new tokens: twelve runs of the sidebar's 64 took 68 s on the
+    2-core test machine (2026-12-07), past the minute a class should wait after a press; full length is a choice."""
+    spec, base = s.generation_config(), s.baseline_config()
+    if not full and spec.max_new_tokens > SHORT_TOKENS:
+        spec, base = replace(spec, max_new_tokens=SHORT_TOKENS), replace(base, max_new_tokens=SHORT_TOKENS)
+    return WorkloadsConfig(s.pair, s.drafter, spec, base)
 
 
 def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
     """Which source the page opens on, and one sentence saying why."""
     if pair in SLOW_PAIRS and bench_found:
-        return "bench", (f"`{pair}` is slow on this CPU (~300 ms per target token), so the page opens on the latest "
-                         "benchmark file; running all six workloads here would take several minutes.")
+        return "bench", (f"`{pair}` is this app's largest pair, so the page opens on the latest benchmark file (its "
+                         "machine and date are named below); **Run now on this machine** measures this computer.")
     if pair in SLOW_PAIRS:
         return "run", f"`{pair}` is slow on this CPU, but no benchmark file was found for it, so the page runs it here."
     return "run", f"`{pair}` is fast enough on this CPU to run every workload now."

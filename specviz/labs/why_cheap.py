@@ -7,7 +7,7 @@ import time
 import math
 import statistics
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class PassCost:
     context_tokens: int  # tokens in the KV cache before each timed pass
     ks: tuple[int, ...]
     times_ms: tuple[tuple[float, ...], ...]  # every timed pass, per k (same order as ks)
+    weights: str = ""  # the target's weight form and kernel as loaded ("gguf on blockgemm (avx512)"): what ran
 
     @property
     def median_ms(self) -> tuple[float, ...]:
@@ -119,6 +120,19 @@ def measure_pass_cost(target: torch.nn.Module, tokenizer: Any, pair: str,
     return costs[0]
 
 
+def weights_words(precision: str, kernel: str) -> str:
+    """A loaded target's weight form and matrix kernel, in the words the page names them ("gguf on blockgemm")."""
+    return f"{precision} on {kernel}" if kernel else precision
+
+
+def measure_loaded_pass_cost(pair: Any, name: str, config: PassCostConfig = PassCostConfig()
+                             ) -> Generator[Progress, None, PassCost]:
+    """`measure_pass_cost` of a loaded pair's target, recording the weight form and kernel that ran (the page names
+    them beside the figures: a fixed sentence about one precision was wrong whenever another was loaded)."""
+    cost = yield from measure_pass_cost(pair.target, pair.tokenizer, name, config)
+    return replace(cost, weights=weights_words(pair.target_precision, pair.target_kernel))
+
+
 def measure_pass_costs(targets: Mapping[str, torch.nn.Module], tokenizer: Any,
                        config: PassCostConfig = PassCostConfig()) -> Generator[Progress, None, tuple[PassCost, ...]]:
     """`measure_pass_cost` for several targets (the same model on two kernels), timed turn about: each repeat passes
@@ -160,12 +174,13 @@ def pass_cost_to_dict(p: PassCost) -> dict[str, Any]:
         "pair": p.pair, "machine": vars(p.machine), "context_tokens": p.context_tokens, "ks": list(p.ks),
         "times_ms": [[_r(t) for t in ts] for ts in p.times_ms],
         "median_ms": [_r(m) for m in p.median_ms], "ratio_to_one_token": [_r(x) for x in p.ratios],
+        **({"weights": p.weights} if p.weights else {}),
     }
 
 
 def pass_cost_from_dict(d: Mapping[str, Any]) -> PassCost:
     return PassCost(str(d["pair"]), Machine(**d["machine"]), int(d["context_tokens"]), tuple(int(k) for k in d["ks"]),
-                    tuple(tuple(float(t) for t in ts) for ts in d["times_ms"]))
+                    tuple(tuple(float(t) for t in ts) for ts in d["times_ms"]), str(d.get("weights", "")))
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ def shape_table(result: ShapeResult) -> pd.DataFrame:
             same = [p.identical for p in (chain, tree) if p is not None and p.identical is not None]
             row["same tokens as the target"] = ("✓" if all(same) else "✗") if same else "–"
             rows.append(row)
-    return pd.DataFrame(rows)
+    speeds = {f"{name}: {what}": 2 for name in ("chain", "tree") for what in ("tokens / call", "speed-up")}
+    return pd.DataFrame(rows).round({**speeds, "tree: nodes / pass": 1})  # no raw 10.6667 in a cell
 
 
 def _best(result: ShapeResult, preset: str, shape: str) -> tuple[int, float] | None:

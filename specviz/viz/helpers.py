@@ -6,9 +6,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from specviz.core import drafters
+from specviz.labs import ranking
 from specviz.labs.helpers import GAMMA, HelpersResult
 from specviz.viz.chain_or_tree import preset_title
-from specviz.viz.style import PLAIN_COLOUR, layout
+from specviz.viz.style import PLAIN_COLOUR, layout, span
 
 COLOURS = {"model": "#0072B2", "ngram": "#999999", "eagle": "#009E73", "eagle-tree": "#D55E00"}
 SHORT = {"d1": {"model": "small model", "ngram": "copying", "eagle": "big model's notes",
@@ -53,21 +54,33 @@ def helpers_table(result: HelpersResult, level: str = "d5") -> pd.DataFrame:
                          "α (accepted ÷ checked)": p.alpha, "c (guess cost ÷ target step)": p.c,
                          "tokens / target call": p.tokens_per_call, "speed-up": p.speedup,
                          "same tokens as the target": "–" if p.identical is None else ("✓" if p.identical else "✗")})
-    return pd.DataFrame(rows)
+    # rounded as the page reads them: a raw 10.6667 in a cell said more than the run measured
+    return pd.DataFrame(rows).round({"α (accepted ÷ checked)": 2, "c (guess cost ÷ target step)": 3,
+                                     "tokens / target call": 2, "speed-up": 2})
 
 
 def verdict(result: HelpersResult, level: str) -> str:
-    """One line per preset: who won and by how much, computed from the runs (Markdown; no model text)."""
+    """One line per preset: who won and by how much, or which helpers came out about the same (within the floor
+    margin of one run each), computed from the runs (Markdown; no model text)."""
     lines = []
     for preset in result.config.presets:
-        best = result.winner(preset)
-        if best is None:
+        lead = result.leaders(preset)
+        if not lead:
+            continue
+        best, title = lead[0], preset_title(preset)
+        if len(lead) > 1:
+            names = [helper_name(p.helper, level) for p in lead]
+            lo, hi = min(p.speedup for p in lead), max(p.speedup for p in lead)  # type: ignore[type-var]
+            lines.append(f"- **{title}:** the {' and the '.join(names)} were about as fast ({span(lo, hi, 1)} "
+                         "times as fast): too close to name a winner." if level == "d1" else
+                         f"- **{title}:** about the same: {' and '.join(names)} ({span(lo, hi, 2, '×')}, within "
+                         f"{ranking.MIN_MARGIN:.0%} of each other).")
             continue
         name = helper_name(best.helper, level)
         if level == "d1":
-            lines.append(f"- **{preset_title(preset)}:** the fastest helper was the {name}: {best.speedup:.2f}× sooner.")
+            lines.append(f"- **{title}:** the fastest helper was the {name}: {best.speedup:.1f} times as fast.")
             continue
         detail = (f" (α {best.alpha:.2f}, c {best.c:.3f}, {best.tokens_per_call:.2f} tokens per target call)"
                   if best.alpha is not None and best.c is not None and best.tokens_per_call is not None else "")
-        lines.append(f"- **{preset_title(preset)}:** fastest: {name}, {best.speedup:.2f}×{detail}.")
+        lines.append(f"- **{title}:** fastest: {name}, {best.speedup:.2f}×{detail}.")
     return "\n".join(lines)

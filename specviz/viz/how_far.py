@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.labs.how_far import Curves, GammaPoint, Sweep, expected_at
-from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout
+from specviz.viz import strip
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout, span
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -42,12 +43,13 @@ WORDS: dict[str, dict[str, str]] = {
 }
 
 
-def _best_marker(fig: go.Figure, curves: Curves, colour: str, name: str, row: int) -> None:
-    """A star on the curve at its best γ, and a dotted line down to the axis."""
+def _best_marker(fig: go.Figure, curves: Curves, colour: str, name: str, row: int, d1: bool = False) -> None:
+    """A star on the curve at its best γ (at D1 "4 guesses": no symbol), and a dotted line down to the axis."""
     i = curves.gammas.index(curves.best)
+    label = f"{curves.best} {'guess' if curves.best == 1 else 'guesses'}" if d1 else f"γ = {curves.best}"
     fig.add_scatter(x=[curves.best], y=[curves.speedup[i]], mode="markers+text", name=name,
                     marker=dict(symbol="star", size=17, color=colour, line=dict(width=1, color="white")),
-                    text=[f"γ = {curves.best}"], textposition="top center", textfont=dict(color=colour),
+                    text=[label], textposition="top center", textfont=dict(color=colour),
                     hovertemplate=f"{name}: γ = %{{x}}, %{{y:.2f}}×<extra></extra>", row=row, col=1)
     fig.add_vline(x=curves.best, line=dict(color=colour, dash="dot", width=1), row=row, col=1)
 
@@ -96,7 +98,7 @@ def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom
             _curve(fig, curves.gammas, curves.tokens, name, colour, dash, 1, False, ".2f")
         _curve(fig, curves.gammas, curves.speedup, name, colour, dash, speed_row, True, ".2f")
         if star:
-            _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row)
+            _best_marker(fig, curves, colour, f"{w['best']} ({name})", speed_row, level == "d1")
     if both:
         _points(fig, points, "tokens_per_round", w["points"], 1, False, None, ".2f")
     _points(fig, points, "speedup", w["points"], speed_row, True, best_point.gamma if best_point else None, ".2f")
@@ -199,3 +201,18 @@ def position_sentence(shares: Sequence[float], gamma: float | None = None) -> st
             "only when every guess before it in the round was accepted, so each further position is accepted at "
             "most as often as the one before: the last guesses of a long draft are the ones that rarely pay for "
             "their drafting.")
+
+
+def fastest_words(lead: Sequence[GammaPoint]) -> str:
+    """D1: the fastest number of guesses, or the few that came out about the same, with the story's words."""
+    def guesses(g: int) -> str:
+        return f"{g} {'guess' if g == 1 else 'guesses'}"
+
+    best = lead[0]
+    if len(lead) == 1:
+        return (f"The fastest was **{guesses(best.gamma)} per turn**: with it the answer came "
+                f"**{strip.speed_words(best.speedup)}** ({best.speedup:.1f} times as fast as the big model alone).")
+    names = " and ".join(guesses(p.gamma) for p in sorted(lead, key=lambda p: p.gamma))
+    lo, hi = min(p.speedup for p in lead), max(p.speedup for p in lead)  # type: ignore[type-var]
+    return (f"**{names} per turn** came out about the same ({span(lo, hi, 1)} times as fast as the big model "
+            "alone): too close to name one winner.")

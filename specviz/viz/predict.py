@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specviz.viz.strip import esc
+from specviz.viz.style import span
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,11 @@ class Reveal:
     right: str  # one of the question's choices
     measured: str  # what this run measured, in words and numbers
     why: str = ""
+    also: tuple[str, ...] = ()  # other choices within the run's noise of `right`: "about the same", each counts as right
+
+    @property
+    def rights(self) -> tuple[str, ...]:
+        return (self.right, *self.also)
 
 
 D1_WORSE = Question("worse", "If the helper guesses wrong, does the final answer get worse?",
@@ -34,6 +40,8 @@ CHEAP = Question("cheap", "Checking 16 new tokens in one pass takes how long, co
                  ("About as long (under 2×)", "A few times as long (2–8×)", "About 16 times as long (over 8×)"))
 SECOND = Question("second", "The second time you run the same text with a helper that remembers, how much faster will it be "
                   "than the first time?", ("About as fast as the first time", "A little faster", "Much faster"))
+SAME = Question("same", "With the helper, will the big model write the very same words as on its own?",
+                ("Yes, word for word", "No, some words change", "Not sure"))
 BUSY = Question("busy", "With 16 pupils sharing the big model, how much faster will the helper make it?",
                 ("Still about twice as fast", "A bit faster", "About the same", "Slower than without the helper"))
 
@@ -68,15 +76,24 @@ def reveal_second(first: float, second: float, first_tpc: float | None, second_t
                   "The second time the helper found the whole first run in its memory and proposed long stretches of it.")
 
 
-def reveal_busy(batch: int, speedup: float, alone: float) -> Reveal:
+def reveal_busy(batch: int, speedup: float, alone: float, asked: int = 16) -> Reveal:
+    """BUSY's answer; a measurement that stopped before the `asked` batch (its time limit) says it answers for less."""
+    short = (f" The measurement stopped before {asked} runs (its time limit), so this answers for {batch}, not {asked}."
+             if batch < asked else "")
     return Reveal(busy_choice(speedup), f"Measured: with {batch} runs together the helper made it {speedup:.2f}× as fast "
-                  f"(with one run: {alone:.2f}×).")
+                  f"(with one run: {alone:.2f}×).{short}")
 
 
-def gamma_question(gammas: Sequence[int]) -> Question:
+def gamma_choice(gamma: int) -> str:
+    """A γ as a choice, in words every level reads (a prediction made at D5 stays the same choice at D1)."""
+    return f"{gamma} {'guess' if gamma == 1 else 'guesses'}"
+
+
+def gamma_question(gammas: Sequence[int], level: str = "d2") -> Question:
     """How far to guess: which of the γ values about to be measured will be fastest?"""
-    return Question("gamma", "Which number of guesses per round (γ) will be fastest here?",
-                    tuple(f"γ = {g}" for g in gammas))
+    text = ("How many guesses per turn will be fastest here?" if level == "d1" else
+            "Which number of guesses per round (γ) will be fastest here?")
+    return Question("gamma", text, tuple(gamma_choice(g) for g in gammas))
 
 
 def workload_question(titles: Sequence[str]) -> Question:
@@ -127,24 +144,46 @@ def reveal_cheap(ratio16: float, step_ms: float) -> Reveal:
                   f"step ({step_ms:.0f} ms), not 16×.")
 
 
-def reveal_gamma(best_gamma: int, best_speedup: float) -> Reveal:
-    return Reveal(f"γ = {best_gamma}", f"Measured: γ = {best_gamma} was fastest, {best_speedup:.2f}× as fast as "
-                  "the target alone.")
+def _tie(names: Sequence[str], speedups: Sequence[float], margin: float, subject: str) -> str:
+    """The measured sentence of a lead within the noise: who tied, their range, and the margin they fell within."""
+    return (f"Measured: {_join(names)} {subject} about the same ({span(min(speedups), max(speedups), 2, '×')} as fast "
+            f"as the target alone): closer than this run's noise ({margin:.0%}), so each of them counts as right.")
 
 
-def reveal_workload(best_title: str, best_speedup: float) -> Reveal:
+def _join(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def reveal_gamma(best_gamma: int, best_speedup: float, tied: Sequence[tuple[int, float]] = (), margin: float = 0.0
+                 ) -> Reveal:
+    """γ's answer; `tied`: the other γ within `margin` of the best (then every one of them counts as right)."""
+    if tied:
+        names = [gamma_choice(best_gamma), *(gamma_choice(g) for g, _ in tied)]
+        return Reveal(names[0], _tie(names, [best_speedup, *(x for _, x in tied)], margin, "were"), also=tuple(names[1:]))
+    return Reveal(gamma_choice(best_gamma), f"Measured: {gamma_choice(best_gamma)} per round was fastest, "
+                  f"{best_speedup:.2f}× as fast as the big model alone.")
+
+
+def reveal_workload(best_title: str, best_speedup: float, tied: Sequence[tuple[str, float]] = (),
+                    margin: float = 0.0) -> Reveal:
+    """The workload answer; `tied`: the others within `margin` of the best (each then counts as right)."""
+    if tied:
+        names = [best_title, *(t for t, _ in tied)]
+        return Reveal(best_title, _tie(names, [best_speedup, *(x for _, x in tied)], margin, "gained"),
+                      also=tuple(names[1:]))
     return Reveal(best_title, f"Measured: {best_title} gained most, {best_speedup:.2f}× as fast as the target alone.")
 
 
 def verdict_html(choice: str | None, reveal: Reveal, question: str | None = None) -> str:
     """The answer box: the question it answers, whether the pupil's prediction was right, then the measurement (all
     escaped; the question's **bold** kept). An answer without its question read as a contradiction beside the run."""
+    answer = f"about the same: {_join(reveal.rights)}" if reveal.also else reveal.right
     if choice is None:
-        head = f"Answer: {reveal.right}."
-    elif choice == reveal.right:
+        head = f"Answer: {answer}."
+    elif choice in reveal.rights:
         head = f"You predicted “{choice}” — right!"
     else:
-        head = f"You predicted “{choice}”; the answer is “{reveal.right}”."
+        head = f"You predicted “{choice}”; the answer is “{answer}”."
     why = f" {esc(reveal.why)}" if reveal.why else ""
     asked = f'<div class="sv-question">Question: {_bold(question)}</div>' if question else ""
     return f'<div class="sv-answer">{asked}<b>{esc(head)}</b> {esc(reveal.measured)}{why}</div>'
@@ -161,7 +200,21 @@ def helper_question(preset_title: str, helper_titles: Sequence[str]) -> Question
     return Question(f"helper.{preset_title}", f"Which helper will make **{preset_title}** fastest?", tuple(helper_titles))
 
 
-def reveal_helper(title: str, speedup: float, runner_up: str | None, runner_speedup: float | None) -> Reveal:
+def reveal_helper(title: str, speedup: float, runner_up: str | None, runner_speedup: float | None,
+                  tied: Sequence[tuple[str, float]] = (), margin: float = 0.0) -> Reveal:
+    """The helper answer; `tied`: the other helpers within `margin` of the fastest (each then counts as right)."""
+    if tied:
+        names = [title, *(t for t, _ in tied)]
+        return Reveal(title, _tie(names, [speedup, *(x for _, x in tied)], margin, "were"), also=tuple(names[1:]))
     second = (f" Next: {runner_up}, {runner_speedup:.2f}×." if runner_up is not None and runner_speedup is not None
               else "")
     return Reveal(title, f"Measured: {title} was fastest, {speedup:.2f}× as fast as the big model alone.{second}")
+
+
+def reveal_same(n_same: int, n: int, calls_spec: int, calls_plain: int) -> Reveal:
+    """The Same answer page's greedy question, answered by this run's own comparison."""
+    if n_same == n:
+        return Reveal(SAME.choices[0], f"Measured: all {n} words were the same, and the big model needed {calls_spec} "
+                      f"turns with the helper instead of {calls_plain}.")
+    return Reveal(SAME.choices[1], f"Measured: {n_same} of {n} words matched. The texts parted at a near-tie, from "
+                  "how the computer adds numbers, not from a bad guess (the box below says why).")

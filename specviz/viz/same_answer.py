@@ -81,3 +81,24 @@ def histogram_figure(rows: Sequence[HistogramRow], names: Names, font_size: int 
     kw = dict(title=dict(text=title, x=0, font=dict(size=font_size + 1))) if title else {}
     fig = layout(fig, 420, font_size, barmode="group", **kw)
     return fig.update_layout(margin=dict(t=70 if title else 40, b=10))
+
+
+def greedy_plan(level: str, pair: str, drafter: str, gamma: int, adaptive: bool, new_tokens: int) -> str:
+    """The greedy part's plan line; at D1 in the story's words (no γ, no 'greedy')."""
+    if level == "d1":
+        return (f"The big model alone and the big model with its helper each write {new_tokens} words, always taking "
+                f"their favourite next word; the helper guesses {'up to ' if adaptive else ''}{gamma} words at a time.")
+    return (f"{pair} · drafter: {drafter} · γ = {gamma}{' (adaptive)' if adaptive else ''} · {new_tokens} new tokens · "
+            "greedy (the sidebar's pair, drafter, γ and max new tokens)")
+
+
+def sampling_plan(level: str, greedy_sidebar: bool, temperature: float, top_p: float, seed: int, pair: str,
+                  drafter: str, gamma: int, n_tokens: int, rule: str) -> str:
+    """The sampling part's plan line; at D1 in the story's words (no temperature, top-p or seed)."""
+    if level == "d1":
+        return ("Both roll the same loaded dice many times: the big model alone, and the big model with its helper "
+                f"guessing up to {max(1, min(gamma, n_tokens - 1))} words at a time. Then we count what came up.")
+    where = ("The sidebar is on greedy, so this part uses the sidebar's sampling settings anyway: "
+             if greedy_sidebar else "Sampling settings from the sidebar: ")
+    return (f"{where}temperature {temperature:g}, top-p {top_p:g}, seed {seed} · {pair} · drafter: {drafter} · "
+            f"γ = {gamma} (fixed here; a sample drafts at most {max(1, n_tokens - 1)} of them) · rule: {rule}")

@@ -43,3 +43,9 @@ def wrap_tick(label: str, width: int = 12, seps: str = " ·") -> str:
     if line:
         lines.append(line)
     return "<br>".join(lines)
+
+
+def span(lo: float, hi: float, digits: int, unit: str = "") -> str:
+    """A measured range at the level's rounding ("1.4 to 1.5", "1.39× to 1.41×"); one figure when both round alike."""
+    a, b = f"{lo:.{digits}f}{unit}", f"{hi:.{digits}f}{unit}"
+    return a if a == b else f"{a} to {b}"

@@ -9,7 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.viz.style import PLAIN_COLOUR, wrap_tick
+from specviz.labs import ranking
+from specviz.viz.style import PLAIN_COLOUR, span, wrap_tick
 from specviz.labs.where_it_helps import WorkloadResults, WorkloadRow
 from specviz.viz.strip import esc
 
@@ -65,38 +66,63 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
     return fig
 
 
-def headline(rows: Sequence[WorkloadRow], level: str = "d2") -> str:
-    """The page's headline from what was measured on the pair in use: which workload gained most, and whether
-    the predictable group beat the creative one as the lesson expects (or not, said plainly)."""
-    scored = [r for r in rows if r.speedup is not None]
-    if not scored:
+def headline(res: WorkloadResults, level: str = "d2") -> str:
+    """The page's headline from what was measured: the workload that gained most, or "about the same" when others
+    are within the run's timing noise of it, and whether the predictable group beat the creative one beyond that
+    noise (said plainly either way: never a winner the bars beside it do not show)."""
+    lead, m = res.leaders(), res.margin
+    if not lead:
         return ""
-    best = max(scored, key=lambda r: r.speedup)
-
-    def mean(group: str) -> float | None:
-        vals = [r.speedup for r in scored if r.group == group]
-        return sum(vals) / len(vals) if vals else None
-
-    pred, crea = mean("predictable"), mean("creative")
-    if level == "d1":
-        top = f"The helper helped most with **{best.title.lower()}** ({best.speedup:.1f} times as fast)."
+    best, d1 = lead[0], level == "d1"
+    if len(lead) == 1:
+        rest = sorted((r for r in res.rows if r.speedup is not None and r is not best), key=lambda r: -r.speedup)
+        if d1:
+            nxt = f"; next came {rest[0].title.lower()}, {rest[0].speedup:.1f} times" if rest else ""
+            top = f"The helper helped most with **{best.title.lower()}** ({best.speedup:.1f} times as fast{nxt})."
+        else:
+            nxt = f", next {rest[0].title} at {rest[0].speedup:.2f}×" if rest else ""
+            top = (f"Measured on this pair: **{best.title}** gained most ({best.speedup:.2f}×{nxt}: a lead "
+                   f"beyond this run's {m:.0%} noise).")
     else:
-        top = f"Measured on this pair: **{best.title}** gained most ({best.speedup:.2f}×)."
+        names = _join([r.title.lower() if d1 else r.title for r in lead])
+        lo, hi = min(r.speedup for r in lead), max(r.speedup for r in lead)
+        top = (f"The helper helped about the same with **{names}** ({span(lo, hi, 1)} times as fast): too close "
+               "to name a winner." if d1 else
+               f"**{names}** gained about the same ({span(lo, hi, 2, '×')}): closer than this run's {m:.0%} noise, "
+               "so no single winner.")
+    pred, crea = res.group_mean("predictable", "speedup"), res.group_mean("creative", "speedup")
     if pred is None or crea is None:
         return top
-    if pred > crea + 0.05:
-        tail = ("Easy-to-guess writing won, as expected." if level == "d1" else
-                f"Predictable workloads beat creative ones ({pred:.2f}× against {crea:.2f}×), the usual pattern.")
-    elif crea > pred + 0.05:
-        tail = ("This time the hard-to-guess writing won: this helper is a near copy of the big model, so it "
-                "often guesses even stories right." if level == "d1" else
-                f"Here creative workloads beat predictable ones ({crea:.2f}× against {pred:.2f}×), the opposite of "
-                "the usual pattern: look at the acceptance bars — when the draft agrees with the target about as "
-                "often on stories as on code, the text type stops deciding the gain.")
+    if ranking.beats(pred, crea, m):
+        tail = ("On average, easy-to-guess writing gained more, as expected." if d1 else
+                f"On average predictable workloads beat creative ones ({pred:.2f}× against {crea:.2f}×), the usual "
+                "pattern.")
+    elif ranking.beats(crea, pred, m):
+        tail = ("This time the hard-to-guess writing gained more on average: this helper guessed even the stories "
+                "well." if d1 else
+                f"Here creative workloads beat predictable ones on average ({crea:.2f}× against {pred:.2f}×), the "
+                "opposite of the usual pattern: look at the acceptance bars — when the draft agrees with the target "
+                "about as often on stories as on code, the text type stops deciding the gain.")
     else:
-        tail = ("Easy and hard writing came out about the same this time." if level == "d1" else
-                f"Predictable and creative workloads came out about even ({pred:.2f}× against {crea:.2f}×).")
+        tail = ("On average, easy and hard writing came out about the same this time." if d1 else
+                f"On average predictable and creative workloads came out about even ({pred:.2f}× against "
+                f"{crea:.2f}×, within the noise).")
     return f"{top} {tail}"
+
+
+def noise_sentence(res: WorkloadResults, level: str) -> str:
+    """How steady this measurement's clock was, from its own target-alone runs (D2/D5; "" when unknown)."""
+    spread = res.timing_spread
+    times = [r.baseline_ms_per_token for r in res.rows if r.baseline_ms_per_token]
+    if level == "d1" or spread is None or not times:
+        return ""
+    return (f"Noise: the target alone, the same model each time, ran at {min(times):.0f} to {max(times):.0f} ms per "
+            f"token across the workloads (a {spread:.0%} spread), so speed-ups closer than {res.margin:.0%} are "
+            "called about the same.")
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def workload_table(res: WorkloadResults, level: str) -> Styler:

@@ -203,3 +203,33 @@ def busy_cost_figure(report: BatchReport, font_size: int = 14, x_title: str = "b
                     marker=dict(symbol="diamond", size=9), hovertemplate="batch %{x}: %{y:.2f} steps<extra></extra>")
     return layout(fig, 380, font_size, xaxis=_log2_axis(tuple(s.batch for s in rows), x_title),
                   yaxis=dict(title=y_title, rangemode="tozero"))
+
+
+def pass_words(cost: PassCost, level: str) -> str:
+    """The pass measurement in the level's words, every figure from its record (Markdown)."""
+    r = dict(zip(cost.ks, cost.ratios))
+    top = cost.ks[-1]
+    if level == "d1":
+        said = f"Checking **{top} words at once** took **{r[top]:.1f} times** as long as writing one word"
+        if r[top] <= top / 2:
+            return f"{said} — not {top} times. Reading the book is the slow part!"
+        return f"{said}. On this computer the extra words were not cheap this time."
+    parts = ", ".join(f"{k} tokens ≈ **{r[k]:.2f}**" for k in cost.ks if k > 1)
+    said = (f"One plain decoding step (1 new token) took **{cost.step_ms:.0f} ms** here. In one-token steps, a "
+            f"single pass over {parts} — if the cost grew with the tokens, {top} tokens would cost {top}.")
+    check = max((k for k in cost.ks if k <= 5), default=1)  # a chain of 4 guesses is checked in a pass of 5
+    if check > 1:
+        said += f" So checking {check} tokens at once cost **{cost_words(r[check])}** here."
+    return said
+
+
+def machine_line(measured: PassCost, level: str) -> str:
+    """Where the figures were timed, from the record: the machine, and (D2/D5) the weights and kernel that ran."""
+    m = measured.machine
+    if level == "d1":
+        where = "this computer's processor, no graphics card" if m.device == "cpu" else "this computer's graphics card"
+        return f"Timed on {where} ({m.name}), after the big model had read {measured.context_tokens} words of code."
+    where = f"this server's CPU ({m.name}; {m.threads} threads), no GPU" if m.device == "cpu" else f"a GPU ({m.name})"
+    weights = f", target weights: {measured.weights}" if measured.weights else ""
+    return (f"Measured on {where}, pair {measured.pair}{weights}, with {measured.context_tokens} tokens already in "
+            "the KV cache.")
