@@ -174,3 +174,13 @@ def test_a_size_that_would_not_fit_in_memory_is_not_started(tiny) -> None:
     _, report = _drain(batch_steps(tiny, "tiny-random", cfg, available=lambda d: timing.MEMORY_RESERVE + 4 * one))
     assert [s.batch for s in report.sizes] == [1] and "batch 16 would need" in report.stopped
     assert report.sizes[0].identical and report.kv_bytes_per_token > 0 and report.weight_bytes > 0
+
+
+def test_the_time_limit_estimates_a_size_from_its_untimed_runs_alone_and_the_last_runs_together() -> None:
+    """Batch 16 after 4: 24 runs alone still to time (at the mean so far) and the runs together at most 4x batch 4's;
+    not all of batch 4 (its runs alone included) times 4, which stopped the lab's default before 16 in the app."""
+    from specviz.bench.batch import _size_estimate
+
+    assert _size_estimate(16, (4, 4.0), [0.5] * 8, 8) == pytest.approx(24 * 0.5 + 16.0)
+    assert _size_estimate(4, (4, 4.0), [0.5] * 8, 8) == pytest.approx(4.0)  # nothing left to time alone
+    assert _size_estimate(2, (1, 1.0), [], 0) == pytest.approx(2.0)
