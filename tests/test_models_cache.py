@@ -342,3 +342,23 @@ def test_a_form_is_built_from_the_cached_gguf_form_without_joining_the_parts_aga
     with pytest.raises(AssertionError, match="joined again"):  # the gguf form itself is always made from the parts
         with cache._source_file(src, "gguf", lambda f, m: None):
             pass
+
+
+def test_nothing_is_built_ahead_for_a_pair_this_machine_cannot_hold(monkeypatch) -> None:
+    """The sidebar's first look starts the default's forms only where the pair fits in memory (else the light pair
+    is offered, and 1.6 GB of forms would be built for nothing)."""
+    from specviz.models import blocks, fit, gguf, registry
+
+    started: list[object] = []
+    monkeypatch.setattr(gguf, "build_ahead", lambda *srcs: started.append(srcs))
+    monkeypatch.setattr(registry, "gguf_ahead", lambda *srcs: started.append(srcs))
+    monkeypatch.setattr(blocks, "may_build", lambda: True)
+    monkeypatch.setattr(registry, "check_fit", lambda name, precision=None: (_ for _ in ()).throw(
+        fit.DoesNotFit("too big")))
+    registry.build_ahead("qwen-coder")
+    assert started == []
+    monkeypatch.setattr(registry, "check_fit", lambda name, precision=None: None)
+    registry.build_ahead("qwen-coder")
+    assert len(started) == 1
+    registry.build_ahead("qwen-coder", target="fp16w")  # another precision asked for: not gguf's forms
+    assert len(started) == 1

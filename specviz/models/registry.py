@@ -341,9 +341,14 @@ def build_ahead(name: str, target: str | None = None, draft: str | None = None) 
     name, ref_precision = split_ref(name)
     target = target or ref_precision
     spec = get_spec(name)
-    if (name in _PAIR_SOURCES and spec.file_precision and target in (None, "gguf") and draft in (None, "gguf")
+    if not (name in _PAIR_SOURCES and spec.file_precision and target in (None, "gguf") and draft in (None, "gguf")
             and blocks.may_build()):
-        gguf_ahead(*_PAIR_SOURCES[name])
+        return
+    try:
+        check_fit(name, precision="gguf")
+    except PairError:  # a pair this machine cannot hold (the sidebar then offers the light one): nothing is built for it
+        return
+    gguf_ahead(*_PAIR_SOURCES[name])
 
 
 def memory_estimate(name: str, target_precision: str, draft_precision: str) -> int | None:
