@@ -16,6 +16,7 @@ from specviz.labs import chain_or_tree, how_far, ranking
 from specviz.labs.how_far import ALPHA_RANGE, C_RANGE, Sweep, SweepConfig
 from specviz.app import predict
 from specviz.app.settings import cut_long_prompt
+from specviz.viz import export
 from specviz.viz import predict as predict_view
 from specviz.presets import DEFAULT_PRESET, get_preset
 from specviz.viz import chain_or_tree as chain_or_tree_view
@@ -153,7 +154,7 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
 
 def _table(sweep: Sweep, s: Settings) -> None:
     table(how_far_view.sweep_table(sweep, s.level))
-    st.download_button("Download the measurement (JSON)", how_far.sweep_json(sweep), file_name="specviz-how-far.json",
+    st.download_button("Download the measurement (JSON)", export.record_json(sweep), file_name="specviz-how-far.json",
                        mime="application/json", icon=":material/download:", key=P + "json")
     st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
                f"(decode time; prompt reading not counted). Measured on this machine: {host.machine_words()}, "

@@ -12,6 +12,7 @@ from specviz.app import jobs
 from specviz.app.pairs import pair_or_message
 from specviz.app import predict
 from specviz.presets import GROUP_TITLES, PRESETS
+from specviz.viz import export
 from specviz.viz import predict as predict_view
 from specviz.settings import Settings
 from specviz.app.shell import chart, font_size, lesson_md, run_page, table
@@ -184,7 +185,7 @@ def _table(res: WorkloadResults, s: Settings) -> None:
     table(where_it_helps_view.workload_table(res, s.level))  # st.dataframe escapes every cell
     if res.target_step_ms:
         st.caption(f"One target step took {res.target_step_ms:.0f} ms (median) on this machine during these runs.")
-    st.download_button("Download the measurement (JSON)", where_it_helps.results_json(res), icon=":material/download:",
+    st.download_button("Download the measurement (JSON)", export.record_json(res), icon=":material/download:",
                        file_name="specviz-where-it-helps.json", mime="application/json", key=P + "json")
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -118,11 +117,6 @@ class Sweep:
         """The fastest γ and every γ within ranking.MIN_MARGIN of it (one run each against one baseline, so no spread
         is measured here: the floor decides; several leaders are "about the same", each a right prediction)."""
         return ranking.leaders(self.points, lambda p: p.speedup, ranking.MIN_MARGIN)
-
-
-def sweep_json(sweep: Sweep) -> str:
-    """The whole measurement as JSON (the page offers it for download: every figure the page states is in it)."""
-    return json.dumps(asdict(sweep), ensure_ascii=False, indent=1, default=str)
 
 
 @dataclass(frozen=True)

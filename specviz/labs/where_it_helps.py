@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import statistics
 from collections.abc import Generator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,11 +82,6 @@ class WorkloadResults:
         """Mean of one field over a group's workloads (None when nothing was measured)."""
         vals = [getattr(r, field) for r in self.rows if r.group == group and getattr(r, field) is not None]
         return sum(vals) / len(vals) if vals else None
-
-
-def results_json(res: WorkloadResults) -> str:
-    """The whole measurement as JSON (the page offers it for download: every figure the page states is in it)."""
-    return json.dumps(asdict(res), ensure_ascii=False, indent=1, default=str)
 
 
 # ---------------------------------------------------------------------------------------------

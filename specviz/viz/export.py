@@ -109,6 +109,12 @@ def generation_dict(gen: Generation) -> dict[str, Any]:
     return out
 
 
+def record_json(record: Any) -> str:
+    """A lab's whole measurement record (a dataclass) as JSON: the page offers it for download, and every figure the
+    page states is in it."""
+    return json.dumps(asdict(record), ensure_ascii=False, indent=1, default=str)
+
+
 def trace_json(gen: Generation, baseline: Generation | None = None, meta: dict[str, Any] | None = None) -> str:
     """The run, its summary figures and (when measured) the target-only baseline, as JSON."""
     doc: dict[str, Any] = {"meta": meta or {}, "summary": asdict(compare(gen, baseline)), "speculative": generation_dict(gen)}
