@@ -191,6 +191,47 @@ def _plain(text: str) -> str:
     return text.replace("**", "")
 
 
+def _timed_press(page, button: str, done: str, what: str) -> None:
+    """Press the button named by the pattern `button` and wait for the one named by `done` (the run's result): its
+    time is printed, never judged (LAB_RUN_S only catches a hung page)."""
+    from playwright.sync_api import expect
+
+    t0 = time.time()
+    page.get_by_role("button", name=re.compile(button)).click()
+    expect(page.get_by_role("button", name=re.compile(done))).to_be_visible(timeout=1000 * LAB_RUN_S)
+    took = time.time() - t0
+    print(f"{what}: {took:.0f} s from the press to the result on {host.machine_words()}")
+    assert took < LAB_RUN_S
+    page.wait_for_timeout(1500)
+
+
+def _nothing_cut_at_390(page) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(2000)
+    assert page.evaluate(CUT_TEXT) == []
+
+
+def _second_visitor(page, url: str, path: str, asks: str, answer: str, predicts: str, before=None) -> str:
+    """A second browser session after the first visitor's run: it is asked `asks`, sees no answer (nor `answer`, the
+    answer's own words) before its prediction, then predicts `predicts` and is answered by the shared run: the page's
+    text then. `before(page)`: what the visitor does first (a choice of source)."""
+    from playwright.sync_api import expect
+
+    other = page.context.browser.new_page(viewport={"width": 1280, "height": 900})
+    other.goto(f"{url}/{path}?level=d5")
+    expect(other.get_by_text(asks)).to_be_visible()
+    if before is not None:
+        before(other)
+    other.wait_for_timeout(3000)
+    _no_exception(other)
+    seen = other.locator("body").inner_text()
+    assert "You predicted" not in seen and "Answer:" not in seen and answer not in seen
+    other.get_by_text(predicts, exact=True).click()
+    expect(other.get_by_text(answer)).to_be_visible()
+    other.wait_for_timeout(1500)
+    return other.evaluate(PAGE_TEXT)
+
+
 def _how_far_claims(text: str, sweep: dict, level: str, predicted: str) -> None:
     """Every figure How far states about its run is the downloaded record's: the winner (or the tie) and its margin,
     the speed-up, α, c, the target's step, the checking passes' cost in steps, the baseline's ms per token."""
@@ -241,14 +282,7 @@ def test_how_far_tells_each_visitor_its_own_run_after_their_prediction(app):
         expect(page.get_by_text("Which number of guesses per round (γ) will be fastest here?")).to_be_visible()
         _no_exception(page)
         page.get_by_text("4 guesses", exact=True).click()
-        t0 = time.time()
-        page.get_by_role("button", name=re.compile(r"^Measure")).click()
-        expect(page.get_by_role("button", name=re.compile("Download the measurement"))).to_be_visible(
-            timeout=1000 * LAB_RUN_S)
-        took = time.time() - t0
-        print(f"How far's default Measure: {took:.0f} s from the press to the result on {host.machine_words()}")
-        assert took < LAB_RUN_S
-        page.wait_for_timeout(1500)
+        _timed_press(page, r"^Measure", "Download the measurement", "How far's default Measure")
         sweep = _download(page, "Download the measurement")
         (ARTIFACTS / "live-how-far.json").write_text(json.dumps(sweep), encoding="utf-8")
         text = page.evaluate(PAGE_TEXT)
@@ -257,22 +291,11 @@ def test_how_far_tells_each_visitor_its_own_run_after_their_prediction(app):
         page.screenshot(path=str(ARTIFACTS / "live-how-far-d5.png"), full_page=True)
         _how_far_claims(_level(page, "D1 · Story", "What happened"), sweep, "d1", "4 guesses")
         _how_far_claims(_level(page, "D2 · Picture", "What this machine measured"), sweep, "d2", "4 guesses")
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(2000)
-        assert page.evaluate(CUT_TEXT) == []
-
+        _nothing_cut_at_390(page)
         # a second visitor, after the first one's run: asked first, and no answer before their own prediction
-        other = page.context.browser.new_page(viewport={"width": 1280, "height": 900})
-        other.goto(f"{url}/how_far?level=d5")
-        expect(other.get_by_text("Which number of guesses per round (γ) will be fastest here?")).to_be_visible()
-        other.wait_for_timeout(3000)
-        _no_exception(other)
-        seen = other.locator("body").inner_text()
-        assert "You predicted" not in seen and "Answer:" not in seen and "What this machine measured" not in seen
-        other.get_by_text("8 guesses", exact=True).click()  # their prediction: the shared run answers it at once
-        expect(other.get_by_text("What this machine measured")).to_be_visible()
-        other.wait_for_timeout(1500)
-        _how_far_claims(other.evaluate(PAGE_TEXT), sweep, "d5", "8 guesses")
+        text = _second_visitor(page, url, "how_far", "Which number of guesses per round (γ) will be fastest here?",
+                               "What this machine measured", "8 guesses")
+        _how_far_claims(text, sweep, "d5", "8 guesses")
 
 
 def _where_claims(text: str, record: dict, level: str, predicted: str) -> None:
@@ -295,6 +318,10 @@ def _where_claims(text: str, record: dict, level: str, predicted: str) -> None:
         assert f"One target step took {res.target_step_ms:.0f} ms (median)" in text
 
 
+def _run_now(page) -> None:
+    page.get_by_role("radiogroup", name="Where the numbers come from").get_by_text("Run now on this machine").click()
+
+
 def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(app):
     from playwright.sync_api import expect
 
@@ -304,19 +331,11 @@ def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(ap
         page.goto(f"{url}/where_it_helps?level=d5")
         expect(page.get_by_text(question)).to_be_visible()
         _no_exception(page)
-        page.get_by_role("radiogroup", name="Where the numbers come from").get_by_text("Run now on this machine").click()
-        # (the big pair opens on its benchmark file)
+        _run_now(page)  # (the big pair opens on its benchmark file)
         expect(page.get_by_role("button", name=re.compile(r"^Run the workloads"))).to_be_visible()
         page.get_by_text("A story opening", exact=True).click()
         page.wait_for_timeout(1000)
-        t0 = time.time()
-        page.get_by_role("button", name=re.compile(r"^Run the workloads")).click()
-        expect(page.get_by_role("button", name=re.compile("Download the measurement"))).to_be_visible(
-            timeout=1000 * LAB_RUN_S)
-        took = time.time() - t0
-        print(f"Where it helps' default run: {took:.0f} s from the press to the result on {host.machine_words()}")
-        assert took < LAB_RUN_S
-        page.wait_for_timeout(1500)
+        _timed_press(page, r"^Run the workloads", "Download the measurement", "Where it helps' default run")
         record = _download(page, "Download the measurement")
         (ARTIFACTS / "live-where-it-helps.json").write_text(json.dumps(record), encoding="utf-8")
         _where_claims(page.evaluate(PAGE_TEXT), record, "d5", "A story opening")
@@ -324,22 +343,9 @@ def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(ap
         page.screenshot(path=str(ARTIFACTS / "live-where-it-helps-d5.png"), full_page=True)
         _where_claims(_level(page, "D1 · Story", "What we found"), record, "d1", "A story opening")
         _where_claims(_level(page, "D2 · Picture", "What was measured"), record, "d2", "A story opening")
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(2000)
-        assert page.evaluate(CUT_TEXT) == []
-
-        other = page.context.browser.new_page(viewport={"width": 1280, "height": 900})
-        other.goto(f"{url}/where_it_helps?level=d5")
-        expect(other.get_by_text(question)).to_be_visible()
-        other.get_by_role("radiogroup", name="Where the numbers come from").get_by_text("Run now on this machine").click()
-        other.wait_for_timeout(3000)
-        _no_exception(other)
-        seen = other.locator("body").inner_text()
-        assert "You predicted" not in seen and "Answer:" not in seen and "What was measured" not in seen
-        other.get_by_text("Code", exact=True).click()
-        expect(other.get_by_text("What was measured")).to_be_visible()
-        other.wait_for_timeout(1500)
-        _where_claims(other.evaluate(PAGE_TEXT), record, "d5", "Code")
+        _nothing_cut_at_390(page)
+        text = _second_visitor(page, url, "where_it_helps", question, "What was measured", "Code", before=_run_now)
+        _where_claims(text, record, "d5", "Code")
 
 
 def _cheap_claims(text: str, record: dict, level: str, predicted: str) -> None:
@@ -382,26 +388,14 @@ def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
         _no_exception(page)
         page.get_by_text("A few times as long (2–8×)", exact=True).click()
         page.wait_for_timeout(1000)
-        t0 = time.time()
-        page.get_by_role("button", name=re.compile(r"^Measure pass times")).click()
-        expect(page.get_by_role("button", name=re.compile("Download the measurement"))).to_be_visible(
-            timeout=1000 * LAB_RUN_S)
-        took = time.time() - t0
-        print(f"Why checking is cheap's default pass timing: {took:.0f} s on {host.machine_words()}")
-        assert took < LAB_RUN_S
-        page.wait_for_timeout(1500)
+        _timed_press(page, r"^Measure pass times", "Download the measurement", "Why checking is cheap's default pass timing")
         record = _download(page, "Download the measurement")
         _cheap_claims(page.evaluate(PAGE_TEXT), record, "d5", "A few times as long (2–8×)")
 
         page.get_by_text("Still about twice as fast", exact=True).click()  # the batch question, then its live run
         page.wait_for_timeout(1000)
-        t0 = time.time()
-        page.get_by_role("button", name=re.compile(r"^Measure on this server")).click()
-        expect(page.get_by_role("button", name=re.compile(r"(^|\s)JSON$"))).to_be_visible(timeout=1000 * LAB_RUN_S)
-        took = time.time() - t0
-        print(f"Why checking is cheap's default live batch measurement: {took:.0f} s on {host.machine_words()}")
-        assert took < LAB_RUN_S
-        page.wait_for_timeout(1500)
+        _timed_press(page, r"^Measure on this server", r"(^|\s)JSON$",
+                     "Why checking is cheap's default live batch measurement")
         batches = _download(page, r"(^|\s)JSON$")
         (ARTIFACTS / "live-why-cheap.json").write_text(json.dumps({"pass": record, "batch": batches}), encoding="utf-8")
         text = page.evaluate(PAGE_TEXT)
@@ -412,18 +406,6 @@ def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
             text = _level(page, title, "Why checking is quick" if level == "d1" else "Why checking is cheap")
             _cheap_claims(text, record, level, "A few times as long (2–8×)")
             _busy_claims(text, batches, level, "Still about twice as fast")
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(2000)
-        assert page.evaluate(CUT_TEXT) == []
-
-        other = page.context.browser.new_page(viewport={"width": 1280, "height": 900})
-        other.goto(f"{url}/why_cheap?level=d5")
-        expect(other.get_by_text(cheap)).to_be_visible()
-        other.wait_for_timeout(3000)
-        _no_exception(other)
-        seen = other.locator("body").inner_text()
-        assert "You predicted" not in seen and "Answer:" not in seen and "One plain decoding step" not in seen
-        other.get_by_text("About as long (under 2×)", exact=True).click()
-        expect(other.get_by_text("One plain decoding step", exact=False)).to_be_visible()
-        other.wait_for_timeout(1500)
-        _cheap_claims(other.evaluate(PAGE_TEXT), record, "d5", "About as long (under 2×)")
+        _nothing_cut_at_390(page)
+        text = _second_visitor(page, url, "why_cheap", cheap, "One plain decoding step", "About as long (under 2×)")
+        _cheap_claims(text, record, "d5", "About as long (under 2×)")
