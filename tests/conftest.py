@@ -19,7 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "default_pair: loads the default pair's weights outside the `qwen_pair` fixture "
                                        "(in this process or a child); runs on the worker that holds that pair")
     config.addinivalue_line("markers", "quiet: times real runs and judges whether the machine was busy: runs while the "
-                                       "other worker runs nothing (see _share_the_machine)")
+                                       "other worker runs nothing (see pytest_runtest_call)")
     config.addinivalue_line("markers", "first_start: measures the default pair's first start, which builds the suite's "
                                        "cache when it holds nothing of the pair: handed out first on its worker")
 
@@ -108,24 +108,35 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-@pytest.fixture(autouse=True)
-def _share_the_machine(request: pytest.FixtureRequest) -> Iterator[None]:
-    """With two workers, a test marked `quiet` runs while the other worker runs no test: it takes the gate (no test
-    starts while it waits or runs) and then the machine (it waits for the test running there to end). Every other test
-    passes the gate and holds the machine shared. Such a test plays real runs live in Chromium and asserts that the page
-    did not flag them busy: a suite test on the other core would rightly make it so."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing else runs beside a test
-        yield
-        return
+def _two_workers() -> bool:
+    return os.environ.get("PYTEST_XDIST_WORKER") is not None  # one process: nothing else runs beside a test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """With two workers, a test marked `quiet` is timed while the other worker runs nothing (pytest_runtest_call below).
+    Every other test holds the machine shared for its whole protocol: setup, call and teardown, with the module and
+    session fixtures set up or torn down there. (Held by a function fixture, it left them out: a quiet test was timed
+    while the other worker loaded a module's pair, and the page rightly said the machine was busy.)"""
+    if not _two_workers() or item.get_closest_marker("quiet"):
+        return (yield)
     gate, machine = _lock_file("gate"), _lock_file("machine")
-    if request.node.get_closest_marker("quiet"):
-        with _flock(gate, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
-            yield
-        return
     with open(machine, "a") as held:
-        with _flock(gate, fcntl.LOCK_SH):
+        with _flock(gate, fcntl.LOCK_SH):  # passes the gate unless a quiet test waits for the machine or holds it
             fcntl.flock(held, fcntl.LOCK_SH)
         try:
-            yield
+            return (yield)
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[object]:
+    """A quiet test plays real runs live in Chromium and asserts that the page did not flag them busy: a suite test on
+    the other core would rightly make it so. Its call takes the gate (no test starts while it waits or runs) and then the
+    machine (it waits for the test running there to end, teardown included). Its setup holds nothing: loading the pair
+    for it (minutes on an empty cache) is not timed, and the other worker's tests may run meanwhile."""
+    if not _two_workers() or not item.get_closest_marker("quiet"):
+        return (yield)
+    with _flock(_lock_file("gate"), fcntl.LOCK_EX), _flock(_lock_file("machine"), fcntl.LOCK_EX):
+        return (yield)

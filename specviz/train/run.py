@@ -252,6 +252,7 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
                    lambda step, loss: (progress.update(1), progress.set_postfix(loss=f"{loss:.3f}")),
                    resume=resume, checkpoint=lambda s: _save_checkpoint(ckpt, s), every=25)
     progress.close()
+    _round_as_stored(head)
     after = acceptance_by_depth(head, held, depth, p_of=p_of)
     for j, (b, a) in enumerate(zip(before, after)):
         report(f"held-out guess {j + 1} of a chain: sampled acceptance {b[0]:.3f} -> {a[0]:.3f}, "
@@ -268,6 +269,15 @@ def train_stage(pair: Any, recipe: HeadRecipe, report: Report, bar: Callable[...
                                "sampled_acceptance": [round(before[0][0], 4), round(after[0][0], 4)],
                                "greedy_agreement": [round(before[0][1], 4), round(after[0][1], 4)],
                                "by_guess": {"sampled_acceptance": scores(0), "greedy_agreement": scores(1)}}}
+
+
+def _round_as_stored(head: EagleHead) -> None:
+    """Round the trained tensors to fp16 in place, as the head file stores them: the held-out score then describes the
+    head that is shipped, and a later run that goes on from that file scores the same head the same."""
+    with torch.no_grad():
+        for tensor in head.weights().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(torch.float16))
 
 
 def _commit() -> str:
