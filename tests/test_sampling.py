@@ -227,3 +227,24 @@ def test_top_p_keeps_the_set_a_full_sort_keeps(top_p: float) -> None:
         assert (kept >= 1).all()
     if top_p >= 0.9:
         assert (~sampling._top_p_filter(flat, top_p).isinf()).sum(-1).min() > sampling._TOP_P_FIRST * 16  # widened far
+
+
+def test_a_draw_follows_its_weights_exactly_and_never_lands_on_a_zero():
+    """sample_from inverts the float64 cumulative sum with one uniform: 40,000 draws from unnormalised weights with
+    zeros among them (a residual's shape, and the first and last ids' edge cases) fit the weights, and never land on
+    a zero; the same seed gives the same draws."""
+    from specviz.core.sampling import sample_from
+
+    weights = torch.tensor([0.0, 3.0, 0.0, 0.0, 1.0, 0.5, 0.0, 2.5, 0.0]) / 7 * 0.98  # sums to a little under 1
+    gen = torch.Generator().manual_seed(0)
+    draws = [sample_from(weights, gen) for _ in range(40_000)]
+    counts = torch.bincount(torch.tensor(draws), minlength=len(weights))
+    assert counts[weights == 0].sum() == 0
+    support = weights > 0
+    w = weights.double()
+    expected = w[support] / w[support].sum() * len(draws)
+    assert chisquare(counts[support].double().numpy(), expected.double().numpy()).pvalue > 1e-3
+    again = torch.Generator().manual_seed(0)
+    assert [sample_from(weights, again) for _ in range(50)] == draws[:50]
+    assert sample_from(torch.tensor([0.0, 0.0, 1.0]), gen) == 2  # one-hot: its id, no draw
+    assert {sample_from(torch.tensor([0.7, 0.0, 0.0, 0.3]), gen) for _ in range(200)} == {0, 3}  # both ends reached
