@@ -19,6 +19,7 @@ from specviz.labs import same_answer
 from specviz.labs.same_answer import FitTest, GreedyComparison, Reference, SampleConfig, SampleCounts, SpecConfig
 from specviz.presets import get_preset
 from specviz.app.settings import cut_long_prompt
+from specviz.viz import export
 from specviz.viz import predict as predict_view
 from specviz.viz import same_answer as same_answer_view
 from specviz.viz.strip import md_escape
@@ -205,6 +206,8 @@ def _greedy_result(cmp: GreedyComparison, s: Settings) -> None:
     if first is not None:
         gap = _gap_line(cmp) if not d1 else None
         st.caption(gap or f"First difference at token {first + 1}.")
+    st.download_button("Download the comparison (JSON)", export.record_json(cmp), file_name="specviz-same-greedy.json",
+                       mime="application/json", icon=":material/download:", key=P + "greedy_json")
     with st.expander("The two texts in full" if not d1 else "Read both texts"):
         names = _names(s.level)
         st.markdown(f"**{names['target']}**")
@@ -263,16 +266,30 @@ def _sampling_section(pair: Any, prompt: Prompt, s: Settings) -> None:
                                                                     pair.head_for(spec.drafter)),
         })
     if slot.shown() is None:
-        if pair.spec.name.startswith("qwen-coder"):
-            st.caption("On the 1.5B pair every continuation not seen before costs a full target pass and each sample "
-                       "handles a 152k-token vocabulary: measured on the 2-core test machine (2026), the default 2000 two-token samples "
-                       "took about 1 minute for the target alone and 2–4 minutes with speculation. SmolLM2-135M "
-                       "finishes the default in well under a minute.")
+        st.caption(_pace_words(pair.spec.name, s, cfg))
         return
     done = jobs.results(slot, (ref_key, spec_key))
     shown = slot.shown()
     if done and shown:
+        same_answer.PACE.note(pair.spec.name, shown[1][-1].drafter, shown[1][-2].n_tokens, done[0], done[1])
         _sampling_result(done[0], done[1], shown[1][-2], shown[1][-1], s)
+
+
+def _pace_words(pair: str, s: Settings, cfg: SampleConfig) -> str:
+    """How long the press will take here: from this server's last test of the same pair, helper and length."""
+    found = same_answer.PACE.estimate(pair, s.drafter, cfg.n_tokens, cfg.n_samples)
+    if found is None:
+        return ("This server has not timed this test yet: the bars count the samples as they are drawn." if s.level != "d1"
+                else "The bars show how far the tries have got.")
+    seconds, timed_at = found
+    if s.level == "d1":
+        return f"About {_duration(seconds)} here for {cfg.n_samples} tries each (timed on the last tries here)."
+    return (f"About {_duration(seconds)} on this server for {cfg.n_samples} samples each (from its last test, "
+            f"of {timed_at}), with bars that count them.")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} minutes"
 
 
 def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec_cfg: SpecConfig, s: Settings) -> None:
@@ -289,9 +306,10 @@ def _sampling_result(ref: Reference, spec: SampleCounts, cfg: SampleConfig, spec
         c3.metric("total variation, target alone", f"{fit_t.tv:.3f}",
                   help="½ Σ |observed share − exact probability| over the test's bins: the sampling-noise floor.")
         c4.metric("total variation, speculative", f"{fit_s.tv:.3f}")
-    accepted = f"{spec.accepted} of {spec.drafted} guesses accepted" if spec.drafted else "nothing was drafted"
-    st.caption(f"Measured on this machine ({host.machine_words()}): target alone {ref.target.seconds:.1f} s, "
-               f"speculative {spec.seconds:.1f} s for {spec.n} samples each; {accepted}.")
+    st.caption(same_answer_view.sampling_times(ref.target, spec, s.level, host.machine_words()))
+    record = same_answer.sampling_record(ref, spec, test, spec_cfg)
+    st.download_button("Download the samples (JSON)", export.record_json(record), file_name="specviz-same-samples.json",
+                       mime="application/json", icon=":material/download:", key=P + "sample_json")
     if s.level == "d5":
         st.caption(
             f"χ²: target alone {fit_t.chi2:.1f}, speculative {fit_s.chi2:.1f} on {fit_s.dof} degrees of freedom "

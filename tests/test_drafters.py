@@ -165,12 +165,29 @@ def test_a_registered_drafter_reaches_the_cli_and_the_app_settings(registered):
     assert found.drafter == "hearing-tree" and not notes
 
 
-def test_features_are_refused_where_a_target_cannot_give_them(target):
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_a_drafter_hears_the_targets_features_from_the_same_answer_labs_memo(target, registered, shape):
+    """The Same answer lab's memo serves the hidden states a head reads, per prefix like p: sampled runs through it keep
+    the plain run's every draw (memoising changes the cost, not a draw), hear the target's own features, and the
+    second sample of a prompt asks the model for next to nothing."""
     from specviz.labs.same_answer import MemoTarget, target_memo
-    from specviz.core.rounds import solo
 
-    with pytest.raises(ValueError, match="keeps no hidden states"):
-        solo(MemoTarget(target_memo(target, SamplingConfig(mode="sample", temperature=1.0))).probs([1, 2], 1, (-1,)))
+    sampling = SamplingConfig(mode="sample", temperature=1.0, seed=0)
+    memo = target_memo(target, sampling)
+    for prompt in PROMPTS[:2]:
+        for seed in range(3):
+            config = GenerationConfig(max_new_tokens=10, gamma=4, stop_at_eos=False,
+                                      sampling=SamplingConfig(mode="sample", temperature=1.0, seed=seed))
+            plain, memoised = (drafters.build(f"hearing-{shape}", target=target) for _ in range(2))
+            a = drain(speculative_generate(target, plain, TOK, prompt, config))
+            b = drain(speculative_generate(target, memoised, TOK, prompt, config, target_probs=MemoTarget(memo)))
+            assert a.tokens == b.tokens and [r.uniforms for r in a.rounds] == [r.uniforms for r in b.rounds]
+            _check_heard(target, memoised.sessions[-1], prompt, b.tokens)
+            again = drafters.build(f"hearing-{shape}", target=target)
+            misses = memo.misses
+            c = drain(speculative_generate(target, again, TOK, prompt, config, target_probs=MemoTarget(memo)))
+            assert c.tokens == b.tokens and memo.misses == misses  # the same sample again: every row from the memo
+            _check_heard(target, again.sessions[-1], prompt, c.tokens)
 
 
 def test_parts_carry_only_what_was_loaded():

@@ -158,3 +158,30 @@ def test_d5_int8_twin_shows_identity_breaking_and_the_targets_gap():
     at.toggle(key="same_answer.twin").set_value(False).run()
     at.button(key="same_answer.greedy_go").click()
     wait_for(at, lambda a: "Identical: 16 of 16 tokens" in texts(a))
+
+
+def test_a_later_visitor_is_told_how_long_the_samples_take_here_from_this_servers_last_test():
+    """The time the press will take is this server's own, from its last test (never a fixed figure), and the run's
+    record is offered for download with every figure the page states."""
+    import json
+
+    from specviz.labs import same_answer
+    from specviz.viz import export
+
+    at = open_page(level="d5")
+    draw(at, n=200)
+    wait_for(at, sampling_done)
+    ref_key, spec_key = at.session_state["same_answer.sampling"]
+    ref, spec = runner().get(ref_key).view().result, runner().get(spec_key).view().result
+    downloads = [d for d in at.get("download_button")]
+    assert len(downloads) == 1  # the samples' (the greedy comparison has not run)
+    later = open_page(level="d5")
+    later.slider(key="same_answer.n").set_value(400).run()
+    expected = (ref.target.seconds + spec.seconds) / 200 * 400
+    seconds, timed_at = same_answer.PACE.estimate("tiny-random", spec_key[-1].drafter, 2, 400)
+    assert timed_at == 200 and seconds == pytest.approx(expected)
+    assert f"About {seconds:.0f} s on this server for 400 samples each (from its last test, of 200)" in texts(later)
+    test = same_answer.judge(ref, spec)
+    record = json.loads(export.record_json(same_answer.sampling_record(ref, spec, test, spec_key[-1])))
+    assert record["speculative"]["n"] == 200 and record["fit_spec"]["pvalue"] == test.fit_spec.pvalue
+    assert record["law"]["probs"] == list(ref.law.probs) and record["target"]["seconds"] == ref.target.seconds

@@ -37,28 +37,68 @@ class PrefixMemo:
         self.max_bytes = max_bytes
         self.rows: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self.bytes = 0
+        self.features: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, ...]] = OrderedDict()
+        self.feature_bytes = 0
         self.hits = 0
         self.misses = 0
 
     def probs(self, ids: Sequence[int], n_last: int) -> Steps[torch.Tensor]:
         """Rows (n_last, V) for the last n_last prefixes of `ids`: transform(CachedLM.logits) of each."""
+        return (yield from self.scored(ids, n_last)).p
+
+    def scored(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
+        """The rows of `probs`, and with `layers` the model's hidden states at the same positions (one (n_last, d) per
+        layer): a position's hidden state, like its row, depends on its prefix alone, so a drafter that reads the
+        target's features (a head) is served from the memo too."""
         ids = tuple(ids)
         keys = [ids[: len(ids) - n_last + j + 1] for j in range(n_last)]
         found = [self.rows.get(k) for k in keys]
-        missing = [j for j, row in enumerate(found) if row is None]
+        feats = [self.features.get((k, layers)) if layers else () for k in keys]
+        missing = [j for j in range(n_last) if found[j] is None or feats[j] is None]
         self.hits += n_last - len(missing)
         if missing:
             first = missing[0]
-            fresh = (yield self.lm.feed(ids, n_last - first)).logits  # (n_last - first, V): one pass from the first miss on
+            answer = yield self.lm.feed(ids, n_last - first, layers)  # one pass from the first miss on
             self.misses += len(missing)
             for j in range(first, n_last):
-                row = fresh[j - first]
-                found[j] = self.transform(row)
-                self._store(keys[j], found[j])
+                if found[j] is None:
+                    found[j] = self.transform(answer.logits[j - first])
+                    self._store(keys[j], found[j])
+                if feats[j] is None:
+                    feats[j] = tuple(h[j - first].clone() for h in answer.hidden)
+                    self._store_features((keys[j], layers), feats[j])  # type: ignore[arg-type]
         for k in keys:
             if k in self.rows:
                 self.rows.move_to_end(k)
-        return torch.stack(found)  # type: ignore[arg-type]
+        hidden = tuple(torch.stack([f[i] for f in feats]) for i in range(len(layers)))  # type: ignore[index]
+        return Scored(torch.stack(found), hidden)  # type: ignore[arg-type]
+
+    def prefill(self, ids: Sequence[int], layers: tuple[int, ...]) -> Steps[tuple[torch.Tensor, ...]]:
+        """The hidden states (len(ids) - 1, d) per layer at every position but the last (what a prefill gives a drafter
+        that reads the target's features), memoised by prefix like the rows."""
+        ids = tuple(ids)
+        keys = [(ids[: i + 1], layers) for i in range(len(ids) - 1)]
+        if not layers or not keys:
+            return ()
+        feats = [self.features.get(k) for k in keys]
+        if any(f is None for f in feats):
+            self.lm.crop(0)  # a prefill pass answers only the positions it feeds: feed them all
+            answer = yield self.lm.prefill_feed(ids, layers)
+            self.misses += 1
+            feats = [tuple(h[i].clone() for h in answer.hidden) for i in range(len(keys))]
+            for key, f in zip(keys, feats):
+                self._store_features(key, f)
+        return tuple(torch.stack([f[i] for f in feats]) for i in range(len(layers)))  # type: ignore[index]
+
+    def _store_features(self, key: tuple[tuple[int, ...], tuple[int, ...]], rows: tuple[torch.Tensor, ...]) -> None:
+        """Hidden rows are small beside a vocabulary's row (1536 floats against 152k): kept up to the same budget."""
+        if key in self.features:
+            return
+        self.features[key] = rows
+        self.feature_bytes += sum(r.element_size() * r.nelement() for r in rows)
+        while self.feature_bytes > self.max_bytes and len(self.features) > 1:
+            _, old = self.features.popitem(last=False)
+            self.feature_bytes -= sum(r.element_size() * r.nelement() for r in old)
 
     def _store(self, key: tuple[int, ...], row: torch.Tensor) -> None:
         if key in self.rows:
@@ -71,41 +111,34 @@ class PrefixMemo:
 
 
 class MemoTarget:
-    """The engine's TargetProbs read from a memo of p: chains and trees alike, one row per prefix (no hidden states: no
-    drafter here reads them)."""
+    """The engine's TargetProbs read from a memo of p (and of the hidden states a head reads): chains and trees alike,
+    one row per prefix."""
 
     def __init__(self, memo: PrefixMemo) -> None:
         self.memo = memo
 
     def prefill(self, ids: Sequence[int], layers: tuple[int, ...] = ()) -> Steps[tuple[torch.Tensor, ...]]:
-        """Nothing to do: rows are computed on first use (the engine calls this once per sample)."""
-        _no_features(layers)
-        yield from ()
-        return ()
+        """The prompt's hidden states where a drafter reads them (memoised); otherwise nothing to do: rows are computed on
+        first use (the engine calls this once per sample)."""
+        return (yield from self.memo.prefill(ids, layers))
 
     def probs(self, ids: Sequence[int], n_last: int, layers: tuple[int, ...] = ()) -> Steps[Scored]:
-        _no_features(layers)
-        return Scored((yield from self.memo.probs(ids, n_last)))
+        return (yield from self.memo.scored(ids, n_last, layers))
 
     def tree_probs(self, ids: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
                    layers: tuple[int, ...] = ()) -> Steps[Scored]:
         """p after the last id and after every node: the row of each node's own prefix (ids, then its branch)."""
-        _no_features(layers)
         branches: list[list[int]] = []
         for tok, par in zip(tokens, parents):
             branches.append((branches[par] if par >= 0 else []) + [tok])
-        rows = [(yield from self.memo.probs(ids, 1))[0]]
+        rows = [(yield from self.memo.scored(ids, 1, layers))]
         for branch in branches:
-            rows.append((yield from self.memo.probs(list(ids) + branch, 1))[0])
-        return Scored(torch.stack(rows))
+            rows.append((yield from self.memo.scored(list(ids) + branch, 1, layers)))
+        return Scored(torch.cat([r.p for r in rows]), tuple(torch.cat([r.hidden[i] for r in rows])
+                                                             for i in range(len(layers))))
 
     def commit(self, path: Sequence[int]) -> None:
         pass  # rows are kept by prefix: nothing to keep or drop
-
-
-def _no_features(layers: tuple[int, ...]) -> None:
-    if layers:
-        raise ValueError("the memo of p keeps no hidden states: a drafter that reads the target's features cannot use it")
 
 
 def target_memo(target: torch.nn.Module, sampling: SamplingConfig, max_bytes: int = MEMO_BYTES) -> PrefixMemo:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Generator, Sequence
@@ -293,8 +294,7 @@ def speculative_job(target: torch.nn.Module, draft: torch.nn.Module | None, toke
     drafter = sampling_drafter(spec.drafter, draft, target, cfg.sampling, vocab, head)
     memos = [memo] + [m for m in (getattr(drafter, "q_memo", None),) if isinstance(m, PrefixMemo)]
     rule = acceptance_rule(spec.rule, spec.top_k)
-    # a drafter that reads the target's features needs real passes (the memo keeps p only): slower, the same law
-    target_probs = None if drafters.spec(spec.drafter).needs_features else MemoTarget(memo)
+    target_probs = MemoTarget(memo)  # p and, for a drafter that reads them, the target's features, per prefix
     t0, seqs, drafted, accepted = time.perf_counter(), [], 0, 0
     for i, seed in enumerate(sample_seeds(cfg.sampling.seed, 1, cfg.n_samples)):
         gc = GenerationConfig(max_new_tokens=max(2, cfg.n_tokens), gamma=spec.gamma, sampling=replace(cfg.sampling, seed=seed),
@@ -374,6 +374,46 @@ class SamplingTest:
 def judge(ref: Reference, spec: SampleCounts) -> SamplingTest:
     """Test both sample sets against the exact law and bin them for the histogram."""
     return SamplingTest(fit_test(ref.law, ref.target), fit_test(ref.law, spec), histogram_rows(ref.law, ref.target, spec))
+
+
+@dataclass(frozen=True)
+class SamplingRecord:
+    """What the page offers for download after a sampling test: the exact law, both sample sets and both fits."""
+
+    law: ExactLaw
+    target: SampleCounts
+    speculative: SampleCounts
+    fit_target: FitTest
+    fit_spec: FitTest
+    rule: str
+    top_k: int
+
+
+def sampling_record(ref: Reference, spec: SampleCounts, test: SamplingTest, spec_cfg: SpecConfig) -> SamplingRecord:
+    return SamplingRecord(ref.law, ref.target, spec, test.fit_target, test.fit_spec, spec_cfg.rule, spec_cfg.top_k)
+
+
+class Pace:
+    """Seconds per sample on this server, the last test's (both methods, run one after the other by the one model
+    worker), per pair, drafter and sample length: how long another sample count will take is said from it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str, int], tuple[float, int]] = {}
+
+    def note(self, pair: str, drafter: str, n_tokens: int, ref: Reference, spec: SampleCounts) -> None:
+        if spec.n > 0:
+            with self._lock:
+                self._seen[(pair, drafter, n_tokens)] = ((ref.target.seconds + spec.seconds) / spec.n, spec.n)
+
+    def estimate(self, pair: str, drafter: str, n_tokens: int, n_samples: int) -> tuple[float, int] | None:
+        """(seconds for n_samples of both methods, the sample count it was timed at), or None where never timed."""
+        with self._lock:
+            found = self._seen.get((pair, drafter, n_tokens))
+        return (found[0] * n_samples, found[1]) if found else None
+
+
+PACE = Pace()  # one per server, like its jobs
 
 
 def _log10_sf(stat: float, dof: int) -> float:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from specviz.labs.same_answer import GreedyComparison, HistogramRow
+from specviz.labs.same_answer import GreedyComparison, HistogramRow, SampleCounts
 from specviz.viz.style import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, chart_label, layout, wrap_tick
 from specviz.viz.strip import VISIBLE, esc
 
@@ -102,3 +102,14 @@ def sampling_plan(level: str, greedy_sidebar: bool, temperature: float, top_p: f
              if greedy_sidebar else "Sampling settings from the sidebar: ")
     return (f"{where}temperature {temperature:g}, top-p {top_p:g}, seed {seed} · {pair} · drafter: {drafter} · "
             f"γ = {gamma} (fixed here; a sample drafts at most {max(1, n_tokens - 1)} of them) · rule: {rule}")
+
+
+def sampling_times(target: SampleCounts, spec: SampleCounts, level: str, machine: str) -> str:
+    """How long each method's samples took here, in the level's words (D1: the story's)."""
+    if level == "d1":
+        kept = f"; the big model kept {spec.accepted} of the helper's {spec.drafted} guesses" if spec.drafted else ""
+        return (f"Timed on this computer: the big model alone took {target.seconds:.1f} s, with the helper "
+                f"{spec.seconds:.1f} s, for {spec.n} tries each{kept}.")
+    accepted = f"{spec.accepted} of {spec.drafted} guesses accepted" if spec.drafted else "nothing was drafted"
+    return (f"Measured on this machine ({machine}): target alone {target.seconds:.1f} s, "
+            f"speculative {spec.seconds:.1f} s for {spec.n} samples each; {accepted}.")
