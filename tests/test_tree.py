@@ -444,12 +444,19 @@ def first_two_counts(target, drafter, tok, prompt, sampling, draws):
 
 
 def joint_two(model, prompt, sampling):
-    """The target's exact law of the first two tokens, from plain passes."""
+    """The target's exact law of the first two tokens, from the engine's own passes (a CachedLM, as every run reads
+    the target). The engine gives a row the same bits in any pass; transformers' plain forward takes other float paths,
+    which on a gguf target (8-bit activations) moved qwen-coder's logits by up to 0.5 and swapped its 4th and 5th
+    tokens after "She opened the door and looked": a law of another computation, which a test once took for
+    the target's (tests/test_real_pairs.py)."""
+    from specviz.core.kv import CachedLM
+
+    lm = CachedLM(model)
     with torch.inference_mode():
-        p1 = logits_to_probs(model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)
+        p1 = logits_to_probs(lm.logits(prompt, 1)[0], sampling)
         law = {}
         for a in torch.nonzero(p1).flatten().tolist():
-            p2 = logits_to_probs(model(input_ids=torch.tensor([prompt + [a]])).logits[0, -1], sampling)
+            p2 = logits_to_probs(lm.logits(prompt + [a], 1)[0], sampling)
             for b in torch.nonzero(p2).flatten().tolist():
                 law[(a, b)] = float(p1[a] * p2[b])
     return law
