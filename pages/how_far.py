@@ -73,7 +73,7 @@ def _prompt_box() -> str:
 
 
 def _gamma_picker(s: Settings) -> list[int]:
-    label = "How many guesses per turn to try" if s.level == "d1" else "γ values to measure (one speculative run each)"
+    label = "How many guesses per turn to try" if s.level == "d1" else "γ values to measure (one speculative run each, every round)"
     return st.multiselect(label, how_far.GAMMA_CHOICES, key=P + "gammas", persist_state="session",
                           help="Each one is one more run of the same prompt with the helper: the time grows with "
                                "the number of runs (the progress bar counts them).")
@@ -81,15 +81,18 @@ def _gamma_picker(s: Settings) -> list[int]:
 
 def _plan(cfg: SweepConfig, s: Settings) -> None:
     if s.level == "d1":
-        st.caption(f"Plan: the big model writes alone once, then once with its helper for each number of guesses "
-                   f"({', '.join(map(str, cfg.gammas))}): {cfg.runs} races of up to {cfg.max_new_tokens} words.")
+        st.caption(f"Plan: the big model writes alone, then with its helper for each number of guesses "
+                   f"({', '.join(map(str, cfg.gammas))}); all of that {cfg.repeats} times over: {cfg.runs} races of "
+                   f"up to {cfg.max_new_tokens} words.")
         return
     who = drafters.spec(cfg.drafter).title
     mode = "greedy" if cfg.sampling.greedy else f"sampling (T = {cfg.sampling.temperature:g}, seed {cfg.sampling.seed})"
-    st.caption(f"Plan: the target alone once, then one speculative run at each γ = {', '.join(map(str, cfg.gammas))} "
-               f"({cfg.runs} runs of up to {cfg.max_new_tokens} tokens), drafter: {who}, {mode}. "
-               "Sidebar settings apply, except γ (chosen here)"
-               + (" and adaptive γ (off here: this lab measures fixed γ)." if s.adaptive else "."))
+    st.caption(f"Plan: the target alone, then one speculative run at each γ = {', '.join(map(str, cfg.gammas))}; "
+               f"that round {cfg.repeats} times, one after another ({cfg.runs} runs of up to {cfg.max_new_tokens} "
+               f"tokens), drafter: {who}, {mode}. Sidebar settings apply, except γ (chosen here)"
+               + (" and adaptive γ (off here: this lab measures fixed γ)" if s.adaptive else "")
+               + (f" and the length (at most {how_far.PAGE_TOKENS} tokens a run here, so that the repeats fit the "
+                  "minute)." if s.max_new_tokens > cfg.max_new_tokens else "."))
 
 
 def _job_key(cfg: SweepConfig) -> jobs.Key:
@@ -122,7 +125,8 @@ def _metrics(sweep: Sweep, s: Settings) -> None:
                     help="The peak of the main curve: Leviathan's formula with the measured cost of a verify pass.")
     slots[4].metric("best γ (measured)", " ≈ ".join(str(p.gamma) for p in lead) + f" ({best.speedup:.2f}×)"
                     if best and best.speedup else "–",
-                    help=f"Several γ joined by ≈ came within {ranking.MIN_MARGIN:.0%} of the fastest: about the same.")
+                    help=f"Several γ joined by ≈ came within {sweep.margin:.0%} of the fastest (the widest spread of "
+                         "one γ's own runs, never below 10 %): about the same.")
 
 
 def _sliders(sweep: Sweep | None) -> tuple[float, float]:
@@ -154,6 +158,8 @@ def _chart(sweep: Sweep | None, s: Settings, slider: tuple[float, float] | None)
 
 def _table(sweep: Sweep, s: Settings) -> None:
     table(how_far_view.sweep_table(sweep, s.level))
+    if noise := how_far_view.noise_words(sweep, s.level):
+        st.caption(noise)
     st.download_button("Download the measurement (JSON)", export.record_json(sweep), file_name="specviz-how-far.json",
                        mime="application/json", icon=":material/download:", key=P + "json")
     st.caption(f"Target alone: {sweep.baseline_ms_per_token:.0f} ms per token over {sweep.baseline_tokens} tokens "
@@ -304,7 +310,7 @@ def main() -> None:
         st.subheader("What this machine measured" if s.level != "d1" else "What happened")
         if best is not None and best.speedup is not None:
             tied = [(p.gamma, p.speedup) for p in sweep.leaders()[1:]]  # about the same: each counts as right
-            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup, tied, ranking.MIN_MARGIN))
+            predict.reveal(P, question, predict_view.reveal_gamma(best.gamma, best.speedup, tied, sweep.margin))
         _metrics(sweep, s)
     slider = _sliders(sweep) if s.level != "d1" else None
     _chart(sweep, s, slider)

@@ -70,11 +70,13 @@ def _run_now(s: Settings, requested: bool, predicted: bool) -> WorkloadResults |
              "long (the time grows with the tokens), with a progress bar.")
     cfg = where_it_helps.workloads_config(s, full=longer)
     st.caption(f"Plan: for each of the {len(cfg.presets)} kinds of writing, the big model alone and then with its "
-               f"helper, up to {cfg.spec.max_new_tokens} words each — {cfg.runs} races, one after another."
+               f"helper, up to {cfg.spec.max_new_tokens} words each, {cfg.repeats} times over — {cfg.runs} races, "
+               "one after another."
                if s.level == "d1" else
                f"Plan: for each of the {len(cfg.presets)} preset prompts, the target alone and then "
-               f"{where_it_helps.method_words(cfg.drafter, cfg.spec)} — {cfg.runs} runs in all, one after another. "
-               "Change γ, the drafter or the decoding in the sidebar.")
+               f"{where_it_helps.method_words(cfg.drafter, cfg.spec)}; every workload {cfg.repeats} times, taking "
+               f"turns — {cfg.runs} runs in all, one after another. Change γ, the drafter or the decoding in the "
+               "sidebar.")
     st.button("Run the workloads", key=P + "run", icon=":material/play_arrow:", type="primary", on_click=_request_run)
     key = ("where_it_helps", cfg)
     if requested:

@@ -245,10 +245,11 @@ def _how_far_claims(text: str, sweep: dict, level: str, predicted: str) -> None:
     from specviz.viz import predict as predict_view
 
     points = [GammaPoint(**{**p, "acceptance_by_position": tuple(p["acceptance_by_position"])}) for p in sweep["points"]]
-    lead = ranking.leaders(points, lambda p: p.speedup, ranking.MIN_MARGIN)
+    spread = max((ranking.spread((p.speedup_low, p.speedup_high)) or 0.0 for p in points if p.repeats > 1), default=None)
+    margin = ranking.margin(spread)  # the repeats' own spread: the lead a winner needs
+    lead = ranking.leaders(points, lambda p: p.speedup, margin)
     best = lead[0]
-    answer = predict_view.reveal_gamma(best.gamma, best.speedup, [(p.gamma, p.speedup) for p in lead[1:]],
-                                       ranking.MIN_MARGIN)
+    answer = predict_view.reveal_gamma(best.gamma, best.speedup, [(p.gamma, p.speedup) for p in lead[1:]], margin)
     verdict = "— right!" if predicted in answer.rights else "the answer is"
     assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
     if level == "d1":
@@ -260,6 +261,7 @@ def _how_far_claims(text: str, sweep: dict, level: str, predicted: str) -> None:
              "target step": f"{sweep['target_step_ms']:.0f} ms"}
     for label, value in shown.items():  # PAGE_TEXT's "metric: label = value (delta)" lines (no delta here)
         assert f"metric: {label} = {value} ()" in text, (label, value, text)
+    assert spread is not None and f"differed by up to {spread:.0%} between its own runs" in text, (spread, text)
     said = ", ".join(f"γ = {p.gamma}: {p.verify_steps:.1f}" for p in points if p.verify_steps is not None)
     assert f"one checking pass of the target cost {said} one-token steps" in text, (said, text)
     assert (f"Target alone: {sweep['baseline_ms_per_token']:.0f} ms per token over {sweep['baseline_tokens']} "

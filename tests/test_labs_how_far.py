@@ -145,6 +145,41 @@ def test_sweep_runs_baseline_and_every_gamma(tiny, drafter):
     assert sweep.best_measured.speedup == max(p.speedup for p in sweep.points)
 
 
+def test_a_repeated_sweep_takes_turns_and_judges_the_winner_by_its_own_spread(tiny):
+    """Twice over, the baseline and every γ in turn: each point is the median of its rounds' speed-ups (each against
+    its own round's baseline), its whisker their range, and the margin a winner needs is the widest whisker."""
+    from specviz.labs import ranking
+    from specviz.viz import how_far as how_far_view
+
+    prompt = get_preset("code").prompt
+    ids = list(tiny.tokenizer(prompt)["input_ids"])
+    cfg = how_far.make_sweep_config("tiny-random", prompt, "model", [1, 4], 12, SamplingConfig(), repeats=2)
+    progress, sweep = _drain(how_far.sweep_steps(tiny, ids, cfg))
+    assert cfg.runs == 6 and progress[-1].done == progress[-1].total == 12 * 6
+    order = [p.message for p in progress if p.message.endswith("…")]
+    assert [m.split(";")[-1].strip() for m in order] == [
+        "target alone (the baseline) (round 1 of 2)…", "next γ = 1 (round 1 of 2)…", "next γ = 4 (round 1 of 2)…",
+        "target alone (the baseline) (round 2 of 2)…", "next γ = 1 (round 2 of 2)…", "next γ = 4 (round 2 of 2)…"]
+    for p in sweep.points:
+        assert p.repeats == 2 and p.speedup_low <= p.speedup <= p.speedup_high and p.identical is True
+    spread = max(ranking.spread((p.speedup_low, p.speedup_high)) for p in sweep.points)
+    assert sweep.timing_spread == pytest.approx(spread) and sweep.margin == pytest.approx(max(0.10, spread))
+    assert sweep.leaders() == ranking.leaders(sweep.points, lambda p: p.speedup, sweep.margin)
+    assert f"up to {spread:.0%}" in how_far_view.noise_words(sweep, "d5") and not how_far_view.noise_words(sweep, "d1")
+    marks = [t for t in how_far_view.how_far_figure(None, sweep.points).data if t.error_y and t.error_y.array]
+    assert len(marks) == 1 and list(marks[0].error_y.array) == pytest.approx(
+        [p.speedup_high - p.speedup for p in sweep.points])
+    assert "runs' speed-ups" in how_far_view.sweep_table(sweep, "d5").data
+
+
+def test_the_page_sweep_runs_every_gamma_twice_at_most_32_tokens():
+    from specviz.settings import Settings
+
+    cfg = how_far.sweep_config(Settings(pair="tiny-random", max_new_tokens=64), "x", [4, 1])
+    assert cfg.repeats == how_far.PAGE_REPEATS == 2 and cfg.max_new_tokens == how_far.PAGE_TOKENS == 32
+    assert cfg.runs == 6 and how_far.sweep_config(Settings(pair="tiny-random", max_new_tokens=12), "x", [1]).max_new_tokens == 12
+
+
 def test_sampled_sweep_is_not_checked_for_identity(tiny):
     ids = list(tiny.tokenizer("Once upon a time")["input_ids"])
     cfg = how_far.make_sweep_config("tiny-random", "Once upon a time", "model", [2], 12,

@@ -136,8 +136,14 @@ def test_run_now_measures_every_workload_and_skips_what_cannot_fit():
     progress, res = _drain(where_it_helps.workload_steps(pair, cfg))
     assert all(isinstance(p, Progress) for p in progress)
     done = [p.done for p in progress]
-    assert done == sorted(done) and done[-1] <= progress[-1].total == 12 * 6
+    assert done == sorted(done) and done[-1] == progress[-1].total == 12 * 2 * 2 * 2  # 2 workloads, 2 runs, twice
     assert [r.workload for r in res.rows] == ["code", "story"]
+    assert all(r.repeats == 2 and r.speedup_low <= r.speedup_high for r in res.rows)
+    assert res.repeated and res.timing_spread == max(r.repeat_spread for r in res.rows)
+    rounds = [p.message for p in progress if p.message.endswith("target alone…")]
+    code, story = get_preset("code").title, get_preset("story").title
+    assert [m.split(":")[0] for m in rounds] == [f"{code} (run 1 of 2)", f"{story} (run 1 of 2)", "Huge (run 1 of 2)",
+                                                f"{code} (run 2 of 2)", f"{story} (run 2 of 2)"]  # taking turns
     assert [r.group for r in res.rows] == ["predictable", "creative"]
     for r in res.rows:
         assert r.speedup and r.speedup > 0 and 0 <= r.acceptance <= 1 and r.tokens_per_round >= 1
@@ -199,3 +205,29 @@ def test_the_default_press_is_short_and_full_length_is_a_choice():
     few = Settings(pair="tiny-random", max_new_tokens=12)  # already short: the sidebar's own length
     assert where_it_helps.workloads_config(few) == where_it_helps.workloads_config(few, full=True)
     assert where_it_helps.workloads_config(few).spec.max_new_tokens == 12
+
+
+def test_repeated_runs_draw_whiskers_and_judge_winners_by_their_own_spread():
+    """Run now, each workload twice: its bar is the medians' speed-up, its whisker the two runs' own speed-ups, and
+    the noise a winner must beat is the widest whisker (never less than the floor)."""
+    def row(wl: str, group: str, speed: float, low: float, high: float) -> where_it_helps.WorkloadRow:
+        return where_it_helps.WorkloadRow(wl, wl.title(), group, speed, 0.8, 2.0, 50.0, 80.0, 24.0, True,
+                                          speedup_low=low, speedup_high=high, repeats=2)
+
+    rows = (row("code", "predictable", 1.60, 1.50, 1.65), row("story", "creative", 1.30, 1.05, 1.40))
+    res = where_it_helps.WorkloadResults("run", "tiny-random", "m", rows)
+    assert res.timing_spread == pytest.approx(1.40 / 1.05 - 1) and res.margin == pytest.approx(1.40 / 1.05 - 1)
+    assert [r.workload for r in res.leaders()] == ["code", "story"]  # 1.6 against 1.3: within 33 %: about the same
+    narrow = where_it_helps.WorkloadResults("run", "tiny-random", "m", (rows[0], row("story", "creative", 1.30, 1.28, 1.32)))
+    assert narrow.margin == pytest.approx(1.65 / 1.50 - 1) and [r.workload for r in narrow.leaders()] == ["code"]
+    words = where_it_helps_view.noise_sentence(res, "d5")
+    assert "each workload ran 2 times" in words and "up to 33%" in words and where_it_helps_view.noise_sentence(res, "d1") == ""
+    fig = where_it_helps_view.workload_bars(rows, "d2")
+    speed = [t for t in fig.data if t.xaxis == "x"]
+    whiskers = {t.name: (list(t.error_y.array), list(t.error_y.arrayminus)) for t in speed}
+    assert whiskers["predictable"] == (pytest.approx([0.05]), pytest.approx([0.10]))
+    assert whiskers["creative"] == (pytest.approx([0.10]), pytest.approx([0.25]))
+    table = where_it_helps_view.workload_table(res, "d5").data
+    assert list(table["runs' speed-ups"]) == ["1.50× to 1.65×", "1.05× to 1.40×"]
+    once = where_it_helps.WorkloadResults("bench", "p", "m", (_wrow("code", "predictable", 1.8, 0.9),))
+    assert not once.repeated and "runs' speed-ups" not in where_it_helps_view.workload_table(once, "d5").data

@@ -48,7 +48,7 @@ def test_page_renders_without_running_a_model():
     at = open_page(max_new="13")  # settings no other test measures: the shared runner holds no job for them
     assert at.text_area(key="how_far.prompt").value.startswith("def fibonacci")
     assert at.multiselect(key="how_far.gammas").value == [1, 2, 4, 8]
-    assert "Plan: the target alone once" in texts(at)
+    assert "Plan: the target alone, then one speculative run at each γ" in texts(at) and "that round 2 times" in texts(at)
     assert "how_far.key" not in at.session_state  # nothing runs until Measure
     # the sliders already draw Leviathan's curves for their own α and c
     assert at.slider(key="how_far.alpha").value == pytest.approx(0.8)

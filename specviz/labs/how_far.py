@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from specviz.core.limits import APP_MAX_NEW_RANGE
 from specviz.labs import ranking
 from specviz.models import drafting
 
-DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, 64 tokens: about a minute in all on the 2-core CPU
+DEFAULT_GAMMAS = (1, 2, 4, 8)  # qwen-coder, code preset, twice at 32 tokens: under a minute on the 2-core CPU
 GAMMA_CHOICES = tuple(range(GAMMA_RANGE[0], GAMMA_RANGE[1] + 1))
 CURVE_GAMMAS = GAMMA_CHOICES  # the chart's x axis: γ = 1..16
 
@@ -35,6 +36,7 @@ class SweepConfig:
     gammas: tuple[int, ...]  # the draft lengths measured, sorted and unique
     max_new_tokens: int  # per run (EOS may stop a run earlier)
     sampling: SamplingConfig  # the sidebar's decoding: the same for the baseline and every γ
+    repeats: int = 1  # rounds of the baseline and every γ, one after another (interleaved, as the bench runs them)
 
     def __post_init__(self) -> None:
         reason = unsuited(self.drafter)
@@ -48,6 +50,8 @@ class SweepConfig:
             raise ValueError(f"γ values must be sorted and unique, got {self.gammas} (use make_sweep_config)")
         if not 1 <= self.max_new_tokens <= APP_MAX_NEW_RANGE[1]:  # the app's bound, held here on the server too
             raise ValueError(f"max new tokens must be in 1..{APP_MAX_NEW_RANGE[1]}, got {self.max_new_tokens}")
+        if not 1 <= self.repeats <= 5:
+            raise ValueError(f"repeats must be in 1..5, got {self.repeats}")
 
     def spec_config(self, gamma: int) -> GenerationConfig:
         """Fixed γ, never adaptive: the lab asks what each γ does on its own."""
@@ -58,7 +62,7 @@ class SweepConfig:
 
     @property
     def runs(self) -> int:
-        return 1 + len(self.gammas)
+        return (1 + len(self.gammas)) * self.repeats
 
 
 def unsuited(drafter: str) -> str | None:
@@ -72,9 +76,10 @@ def unsuited(drafter: str) -> str | None:
 
 
 def make_sweep_config(pair: str, prompt: str, drafter: str, gammas: Sequence[int], max_new_tokens: int,
-                      sampling: SamplingConfig) -> SweepConfig:
+                      sampling: SamplingConfig, repeats: int = 1) -> SweepConfig:
     """A SweepConfig with the γ values sorted and de-duplicated (a multiselect gives them in click order)."""
-    return SweepConfig(pair, prompt, drafter, tuple(sorted({int(g) for g in gammas})), max_new_tokens, sampling)
+    return SweepConfig(pair, prompt, drafter, tuple(sorted({int(g) for g in gammas})), max_new_tokens, sampling,
+                       repeats)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,9 @@ class GammaPoint:
     new_tokens: int
     identical: bool | None  # greedy only: the same tokens as the baseline
     acceptance_by_position: tuple[float, ...] = ()  # share of rounds accepting their k-th guess, k = 1…γ
+    speedup_low: float | None = None  # repeated: the lowest and highest speed-up of its repeats (whiskers)
+    speedup_high: float | None = None
+    repeats: int = 1  # runs at this γ (each against the baseline of its own round)
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,21 @@ class Sweep:
         scored = [p for p in self.points if p.speedup is not None]
         return max(scored, key=lambda p: p.speedup) if scored else None
 
+    @property
+    def timing_spread(self) -> float | None:
+        """The largest spread of one γ's speed-ups over its repeats (None with one run each)."""
+        return max((ranking.spread((p.speedup_low, p.speedup_high)) or 0.0 for p in self.points if p.repeats > 1),
+                   default=None)
+
+    @property
+    def margin(self) -> float:
+        """The lead the fastest γ needs to be called the winner: the repeats' spread, never below the floor."""
+        return ranking.margin(self.timing_spread)
+
     def leaders(self) -> tuple[GammaPoint, ...]:
-        """The fastest γ and every γ within ranking.MIN_MARGIN of it (one run each against one baseline, so no spread
-        is measured here: the floor decides; several leaders are "about the same", each a right prediction)."""
-        return ranking.leaders(self.points, lambda p: p.speedup, ranking.MIN_MARGIN)
+        """The fastest γ and every γ within the margin of it (several leaders are "about the same", each a right
+        prediction)."""
+        return ranking.leaders(self.points, lambda p: p.speedup, self.margin)
 
 
 @dataclass(frozen=True)
@@ -200,60 +219,80 @@ def run_tradeoff(spec: Generation, baseline: Generation) -> RunTradeoff | None:
     )
 
 
-def _point(gamma: int, gen: Generation, baseline: Generation, step_ms: float | None) -> GammaPoint:
+def _point(gamma: int, runs: Sequence[tuple[Generation, Generation]], step_ms: float | None) -> GammaPoint:
+    """One γ from its repeats, each (its run, the baseline of the same round): the first round's acceptance and tokens
+    (every repeat decodes the same tokens: same settings, same seed), the repeats' median speed-up and its range."""
+    gen, baseline = runs[0]
     cmp = metrics.compare(gen, baseline)
+    each = [s for s in (metrics.compare(g, b).speedup for g, b in runs) if s is not None]
     # rounds cut short by the token budget score fewer tokens: only full (γ+1)-token passes count here
-    verify = verify_steps_by_size(gen.rounds, step_ms).get(gamma + 1) if step_ms else None
+    verify = verify_steps_by_size([r for g, _ in runs for r in g.rounds], step_ms).get(gamma + 1) if step_ms else None
     return GammaPoint(
         gamma=gamma,
         acceptance=cmp.acceptance_drafted,
         alpha=cmp.alpha_checked,
         tokens_per_round=cmp.tokens_per_target_call,
         c=cmp.c,
-        speedup=cmp.speedup,
-        ms_per_token=gen.ms_per_token,
+        speedup=statistics.median(each) if each else None,
+        ms_per_token=statistics.median(g.ms_per_token for g, _ in runs),
         verify_steps=verify,
         new_tokens=len(gen.tokens),
-        identical=cmp.identical,
+        identical=None if cmp.identical is None else all(metrics.compare(g, b).identical for g, b in runs),
         acceptance_by_position=cmp.acceptance_by_position,
+        speedup_low=min(each) if each else None,
+        speedup_high=max(each) if each else None,
+        repeats=len(runs),
     )
 
 
-def summarize_sweep(config: SweepConfig, baseline: Generation, runs: Sequence[tuple[int, Generation]]) -> Sweep:
-    """Every figure of the lab from the recorded runs (pure: no model)."""
+Round = tuple[Generation, Sequence[tuple[int, Generation]]]  # one round of a sweep: its baseline, then (γ, run) each
+
+
+def summarize_sweep(config: SweepConfig, rounds: Sequence[Round]) -> Sweep:
+    """Every figure of the lab from the recorded runs (pure: no model). The baseline's figures and the target step
+    are the first round's; α, c and the verify cost pool every run."""
+    baseline = rounds[0][0]
     step = metrics.target_ms_per_step(baseline)
-    rounds = [r for _, gen in runs for r in gen.rounds]
+    passes = [r for _, runs in rounds for _, gen in runs for r in gen.rounds]
+    by_gamma = {g: [(gen, base) for base, runs in rounds for gg, gen in runs if gg == g] for g, _ in rounds[0][1]}
     return Sweep(
         config=config,
         target_step_ms=step,
         baseline_ms_per_token=baseline.ms_per_token,
         baseline_tokens=len(baseline.tokens),
-        alpha=metrics.alpha_checked(rounds),
-        acceptance=metrics.acceptance_drafted(rounds),
-        c=metrics.measured_c(rounds, step),
-        verify_fit=metrics.verify_fit_of(baseline, rounds),
-        points=tuple(_point(g, gen, baseline, step) for g, gen in runs),
+        alpha=metrics.alpha_checked(passes),
+        acceptance=metrics.acceptance_drafted(passes),
+        c=metrics.measured_c(passes, step),
+        verify_fit=metrics.verify_fit_of(baseline, passes),
+        points=tuple(_point(g, runs, step) for g, runs in by_gamma.items()),
     )
 
 
 def sweep_steps(pair: Any, prompt_ids: Sequence[int], config: SweepConfig) -> Generator[Progress, None, Sweep]:
-    """The runner job: baseline, then one speculative run per γ; a Progress per round and after each run."""
+    """The runner job: `repeats` rounds, each the baseline and then one speculative run per γ (so a slow spell lands
+    on several γ rather than all of one); a Progress per round and after each run."""
     budget, ids, eos = config.max_new_tokens, list(prompt_ids), tuple(pair.eos_ids)
-    total = budget * config.runs
-    yield Progress(0, total, "target alone (the baseline)…")
-    baseline = yield from with_progress(
-        autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline_config(), eos),
-        0, total, "target alone", budget)
-    runs: list[tuple[int, Generation]] = []
-    for i, gamma in enumerate(config.gammas, start=1):
-        yield Progress(budget * i, total, f"{i} of {config.runs} runs done; next γ = {gamma}…")
-        drafter = drafting.resolve(config.drafter, pair)
-        gen = yield from with_progress(
-            speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
-            budget * i, total, f"γ = {gamma}", budget)
-        runs.append((gamma, gen))
+    total, done = budget * config.runs, 0
+    rounds: list[Round] = []
+    for repeat in range(config.repeats):
+        again = f" (round {repeat + 1} of {config.repeats})" if config.repeats > 1 else ""
+        yield Progress(done, total, f"target alone (the baseline){again}…")
+        baseline = yield from with_progress(
+            autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline_config(), eos),
+            done, total, f"target alone{again}", budget)
+        done += budget
+        runs: list[tuple[int, Generation]] = []
+        for gamma in config.gammas:
+            yield Progress(done, total, f"{done // budget} of {config.runs} runs done; next γ = {gamma}{again}…")
+            drafter = drafting.resolve(config.drafter, pair)
+            gen = yield from with_progress(
+                speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec_config(gamma), eos),
+                done, total, f"γ = {gamma}{again}", budget)
+            runs.append((gamma, gen))
+            done += budget
+        rounds.append((baseline, runs))
     yield Progress(total, total, f"all {config.runs} runs done")
-    return summarize_sweep(config, baseline, runs)
+    return summarize_sweep(config, rounds)
 
 
 # ------------------------------------------------------------------------------------------
@@ -264,9 +303,15 @@ ALPHA_RANGE = (0.0, 1.0)  # the α slider
 C_RANGE = (0.0, 1.5)  # the c slider: c > 1 means the draft is slower per token than the target (never worth it)
 
 
+PAGE_REPEATS = 2  # the page's sweep: every γ twice, so a winner must lead by more than its own runs' spread
+PAGE_TOKENS = 32  # per run of the page's sweep: ten runs of 32 (baseline and four γ, twice) cost what five of 64 did
+
+
 def sweep_config(s: Settings, prompt: str, gammas: Sequence[int]) -> SweepConfig:
-    """The sweep a page asks for: the sidebar's pair, drafter, decoding and length; the γ values chosen on the page."""
-    return make_sweep_config(s.pair, prompt, s.drafter, gammas, s.max_new_tokens, s.sampling)
+    """The sweep a page asks for: the sidebar's pair, drafter and decoding; the γ values chosen on the page; each run
+    at most PAGE_TOKENS new tokens (the sidebar's length where shorter), every γ PAGE_REPEATS times."""
+    return make_sweep_config(s.pair, prompt, s.drafter, gammas, min(s.max_new_tokens, PAGE_TOKENS), s.sampling,
+                             PAGE_REPEATS)
 
 
 def measured_curves(sweep: Sweep) -> Curves | None:

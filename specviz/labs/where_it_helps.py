@@ -28,7 +28,8 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 # Pairs too slow on a 2-core CPU to run twelve generations while a class waits: the page opens them on a
 # recorded benchmark file (the sentence shown names no speed: the visitor's machine decides that).
 SLOW_PAIRS = frozenset({"qwen-coder"})
-SHORT_TOKENS = 40  # new tokens per run of the default press (see workloads_config)
+SHORT_TOKENS = 20  # new tokens per run of the default press (see workloads_config)
+REPEATS = 2  # each workload's pair of runs, twice: a winner must lead by more than its own runs' spread
 NEEDED_COLUMNS = ("workload", "kind", "mode", "method", "speedup", "acceptance_rate")
 
 
@@ -50,6 +51,14 @@ class WorkloadRow:
     baseline_ms_per_token: float | None  # target alone
     new_tokens: float | None
     identical: bool | None  # greedy: the speculative text equals the target-only text
+    speedup_low: float | None = None  # run now, repeated: the lowest and highest speed-up of its repeats (whiskers)
+    speedup_high: float | None = None
+    repeats: int = 1  # runs of each kind this row's figures are medians of
+
+    @property
+    def repeat_spread(self) -> float | None:
+        """How far this workload's repeated speed-ups differed: highest ÷ lowest − 1 (None with one run)."""
+        return ranking.spread((self.speedup_low, self.speedup_high)) if self.repeats > 1 else None
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,16 @@ class WorkloadResults:
     target_step_ms: float | None = None  # run now: median one-token target step over all baselines
 
     @property
+    def repeated(self) -> bool:
+        return any(r.repeats > 1 for r in self.rows)
+
+    @property
     def timing_spread(self) -> float | None:
-        """How far the target-alone runs' ms/token differed across workloads: the same model timed six times on short
-        prompts, so their spread is this measurement's timing noise (a slow spell in one baseline shows here)."""
+        """This measurement's noise. Repeated (run now): the largest spread of one workload's speed-ups over its
+        interleaved repeats, the same runs timed again. Otherwise (a recording's medians): how far the target-alone
+        runs' ms/token differed across workloads, the same model timed on short prompts."""
+        if self.repeated:
+            return max((r.repeat_spread for r in self.rows if r.repeat_spread is not None), default=None)
         return ranking.spread(r.baseline_ms_per_token for r in self.rows)
 
     @property
@@ -97,22 +113,27 @@ class WorkloadsConfig:
     spec: GenerationConfig  # the sidebar's speculative settings (γ, adaptive, decoding, max new tokens)
     baseline: GenerationConfig  # the same decoding, target alone
     presets: tuple[Preset, ...] = PRESETS  # the workloads, in display order
+    repeats: int = REPEATS  # rounds over every workload, one after another (interleaved, as the bench runs them)
 
     def __post_init__(self) -> None:
         for cfg in (self.spec, self.baseline):  # the app's bound, held here on the server too
             if cfg.max_new_tokens > APP_MAX_NEW_RANGE[1]:
                 raise ValueError(f"max new tokens must be in 1..{APP_MAX_NEW_RANGE[1]}, got {cfg.max_new_tokens}")
+        if not 1 <= self.repeats <= 5:
+            raise ValueError(f"repeats must be in 1..5, got {self.repeats}")
 
     @property
     def runs(self) -> int:
-        return 2 * len(self.presets)
+        return 2 * len(self.presets) * self.repeats
 
 
 def workloads_config(s: Settings, full: bool = False) -> WorkloadsConfig:
-    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone.
+    """The "run now" measurement the sidebar asks for: its pair, drafter and decoding, speculative and target alone,
+    each workload REPEATS times, interleaved.
 
     Unless `full`, each run stops at SHORT_TOKENS new tokens: twelve runs of the sidebar's 64 took 68 s on the
-    2-core test machine (2026-12-07), past the minute a class should wait after a press; full length is a choice."""
+    2-core test machine (2026-12-07), past the minute a class should wait after a press; twice as many runs of 20
+    keep it within the minute and give each workload a spread. Full length is a choice."""
     spec, base = s.generation_config(), s.baseline_config()
     if not full and spec.max_new_tokens > SHORT_TOKENS:
         spec, base = replace(spec, max_new_tokens=SHORT_TOKENS), replace(base, max_new_tokens=SHORT_TOKENS)
@@ -129,17 +150,29 @@ def default_source(pair: str, bench_found: bool) -> tuple[Source, str]:
     return "run", f"`{pair}` is fast enough on this CPU to run every workload now."
 
 
-def _row(preset: Preset, spec: Generation, baseline: Generation) -> WorkloadRow:
-    cmp = metrics.compare(spec, baseline)
+def _row(preset: Preset, runs: Sequence[tuple[Generation, Generation]]) -> WorkloadRow:
+    """One workload's bar from its repeats, each (speculative, target alone): medians as the bench takes them (the
+    speed-up is the median target-alone ms/token over the median speculative one), and the repeats' own speed-ups as
+    its whiskers."""
+    cmps = [metrics.compare(spec, base) for spec, base in runs]
+    spec_ms = statistics.median(spec.ms_per_token for spec, _ in runs)
+    base_ms = statistics.median(base.ms_per_token for _, base in runs)
+    each = [c.speedup for c in cmps if c.speedup is not None]
     return WorkloadRow(
         workload=preset.id, title=preset.title, group=preset.group,
-        speedup=cmp.speedup,
-        acceptance=cmp.acceptance_drafted,
-        tokens_per_round=cmp.tokens_per_target_call,
-        ms_per_token=spec.ms_per_token, baseline_ms_per_token=baseline.ms_per_token,
-        new_tokens=float(len(spec.tokens)),
-        identical=cmp.identical,
+        speedup=base_ms / spec_ms if spec_ms > 0 else None,
+        acceptance=_median_of(c.acceptance_drafted for c in cmps),
+        tokens_per_round=_median_of(c.tokens_per_target_call for c in cmps),
+        ms_per_token=spec_ms, baseline_ms_per_token=base_ms,
+        new_tokens=float(statistics.median(len(spec.tokens) for spec, _ in runs)),
+        identical=None if any(c.identical is None for c in cmps) else all(c.identical for c in cmps),
+        speedup_low=min(each) if each else None, speedup_high=max(each) if each else None, repeats=len(runs),
     )
+
+
+def _median_of(values: Any) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
 
 
 def method_words(drafter: str, spec: GenerationConfig) -> str:
@@ -155,34 +188,43 @@ def method_words(drafter: str, spec: GenerationConfig) -> str:
 
 
 def workload_steps(pair: Any, config: WorkloadsConfig) -> Generator[Progress, None, WorkloadResults]:
-    """The runner job: per workload the target alone, then speculative; a Progress per round and after each run."""
+    """The runner job: `repeats` rounds, each over every workload (the target alone, then speculative), so a slow
+    spell lands on several workloads rather than all of one; a Progress per round and after each run."""
     budget, eos = config.spec.max_new_tokens, tuple(pair.eos_ids)
     total = budget * config.runs
-    rows: list[WorkloadRow] = []
-    skipped: list[str] = []
+    runs: dict[str, list[tuple[Generation, Generation]]] = {}
+    skipped: dict[str, str] = {}
     steps_ms: list[float] = []
-    for i, preset in enumerate(config.presets):
-        done = 2 * budget * i
-        yield Progress(done, total, f"{preset.title}: target alone…")
-        ids = encode_prompt(pair.tokenizer, preset.prompt)
-        problem = prompt_problem(preset.prompt, len(ids), pair.context_length, budget)
-        if problem:
-            skipped.append(f"{preset.title}: {problem}")
-            continue
-        base = yield from with_progress(
-            autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
-            done, total, f"{preset.title}, target alone", budget)
-        yield Progress(done + budget, total, f"{preset.title}: speculative…")
-        drafter = drafting.resolve(config.drafter, pair, adaptive=config.spec.adaptive)
-        spec = yield from with_progress(
-            speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
-            done + budget, total, f"{preset.title}, speculative", budget)
-        rows.append(_row(preset, spec, base))
-        steps_ms.extend(r.verify_ms for r in base.rounds)
-        yield Progress(done + 2 * budget, total, f"{preset.title}: {rows[-1].speedup or 0:.2f}× speed-up")
+    done = 0
+    for repeat in range(config.repeats):
+        again = f" (run {repeat + 1} of {config.repeats})" if config.repeats > 1 else ""
+        for preset in config.presets:
+            if preset.id in skipped:
+                continue
+            yield Progress(done, total, f"{preset.title}{again}: target alone…")
+            ids = encode_prompt(pair.tokenizer, preset.prompt)
+            problem = prompt_problem(preset.prompt, len(ids), pair.context_length, budget)
+            if problem:
+                skipped[preset.id] = f"{preset.title}: {problem}"
+                total -= 2 * budget * (config.repeats - repeat)
+                continue
+            base = yield from with_progress(
+                autoregressive_generate(pair.target, pair.tokenizer, ids, config.baseline, eos),
+                done, total, f"{preset.title}{again}, target alone", budget)
+            yield Progress(done + budget, total, f"{preset.title}{again}: speculative…")
+            drafter = drafting.resolve(config.drafter, pair, adaptive=config.spec.adaptive)
+            spec = yield from with_progress(
+                speculative_generate(pair.target, drafter, pair.tokenizer, ids, config.spec, eos),
+                done + budget, total, f"{preset.title}{again}, speculative", budget)
+            runs.setdefault(preset.id, []).append((spec, base))
+            steps_ms.extend(r.verify_ms for r in base.rounds)
+            done += 2 * budget
+            speedup = metrics.compare(spec, base).speedup
+            yield Progress(done, total, f"{preset.title}{again}: {speedup or 0:.2f}× speed-up")
+    rows = tuple(_row(p, runs[p.id]) for p in config.presets if p.id in runs)
     step = statistics.median(steps_ms) if steps_ms else None
-    return WorkloadResults("run", config.pair, method_words(config.drafter, config.spec), tuple(rows),
-                           tuple(skipped), step)
+    return WorkloadResults("run", config.pair, method_words(config.drafter, config.spec), rows,
+                           tuple(skipped.values()), step)
 
 
 # ---------------------------------------------------------------------------------------------

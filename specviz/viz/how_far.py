@@ -69,8 +69,31 @@ def _points(fig: go.Figure, points: Sequence[GammaPoint], field: str, name: str,
     sizes = [17 if p.gamma == best_gamma else 12 for p in pts]
     fig.add_scatter(x=[p.gamma for p in pts], y=[getattr(p, field) for p in pts], mode="markers", name=name,
                     marker=dict(symbol="x", size=sizes, color=MEASURED_COLOUR, line=dict(width=1)),
+                    error_y=point_whiskers(pts) if field == "speedup" else None,
                     showlegend=legend, legendgroup=name, row=row, col=1,
                     hovertemplate=f"γ = %{{x}}: %{{y:{fmt}}}<extra>{name}</extra>")
+
+
+def point_whiskers(points: Sequence[GammaPoint]) -> dict | None:
+    """Each measured speed-up's whisker: from the lowest to the highest of its repeats (None: nothing was repeated)."""
+    if not any(p.repeats > 1 and p.speedup_low is not None for p in points):
+        return None
+    up = [max(0.0, p.speedup_high - p.speedup) if p.repeats > 1 and p.speedup_high is not None else 0.0
+          for p in points]
+    down = [max(0.0, p.speedup - p.speedup_low) if p.repeats > 1 and p.speedup_low is not None else 0.0
+            for p in points]
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, color=MEASURED_COLOUR, thickness=1.5, width=5)
+
+
+def noise_words(sweep: Sweep, level: str) -> str:
+    """How steady this sweep's clock was, from its own repeats (D2/D5; "" at D1 or with one run each)."""
+    spread = sweep.timing_spread
+    if level == "d1" or spread is None:
+        return ""
+    runs = max(p.repeats for p in sweep.points)
+    return (f"Noise: every γ ran {runs} times, taking turns with the others and the target alone; one γ's speed-ups "
+            f"differed by up to {spread:.0%} between its own runs (the whiskers), so γ closer than {sweep.margin:.0%} "
+            "to the fastest are called about the same.")
 
 
 def how_far_figure(measured: Curves | None, points: Sequence[GammaPoint], custom: Curves | None = None,
@@ -166,7 +189,10 @@ def sweep_table(sweep: Sweep, level: str) -> Styler:
     rows = []
     for p in sweep.points:
         row = {
-            "γ": p.gamma, "speed-up (measured)": p.speedup, "expected (Leviathan)": expected_at(sweep, p.gamma),
+            "γ": p.gamma, "speed-up (measured)": p.speedup,
+            **({"runs' speed-ups": span(p.speedup_low, p.speedup_high, 2, "×") if p.speedup_low is not None
+                and p.speedup_high is not None else None} if p.repeats > 1 else {}),
+            "expected (Leviathan)": expected_at(sweep, p.gamma),
             "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
             "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,
         }
@@ -174,7 +200,7 @@ def sweep_table(sweep: Sweep, level: str) -> Styler:
             row.update({"c": p.c, "verify pass (target steps)": p.verify_steps, "same text as target alone": p.identical})
         rows.append(row)
     frame = pd.DataFrame(rows)
-    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone")}
+    fmt = {k: "{:.2f}" for k in frame.columns if k not in ("γ", "same text as target alone", "runs' speed-ups")}
     fmt["ms / token"] = "{:.0f}"
     return frame.style.format(fmt, na_rep="–")
 

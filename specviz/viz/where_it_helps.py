@@ -50,6 +50,7 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
             suffix = "×" if panel == 1 else " %"
             fig.add_bar(x=[wrap_tick(esc(r.title)) for r in mine], y=ys, name=name, legendgroup=group,
                         showlegend=panel == 1, marker=dict(color=colour, pattern_shape=pattern),
+                        error_y=_whiskers(mine) if panel == 1 else None,
                         text=[("–" if y is None else f"{y:{fmt}}{suffix}") for y in ys], textposition="outside",
                         hovertemplate=f"%{{x}}: %{{y:{fmt}}}{suffix}<extra>{name}</extra>", row=panel, col=1)
     fig.update_annotations(font_size=font_size)  # the subplot titles
@@ -64,6 +65,18 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
                       margin=dict(l=10, r=10, t=60, b=10), uniformtext_minsize=max(font_size - 3, 8),
                       legend=dict(orientation="h", yanchor="bottom", y=1.06, x=0))
     return fig
+
+
+def _whiskers(rows: Sequence[WorkloadRow]) -> dict | None:
+    """Each bar's whisker: from the lowest to the highest speed-up of its repeats (None: no bar was repeated)."""
+    if not any(r.repeats > 1 and r.speedup is not None and r.speedup_low is not None for r in rows):
+        return None
+    up = [(r.speedup_high - r.speedup) if r.repeats > 1 and r.speedup is not None and r.speedup_high is not None
+          else 0.0 for r in rows]
+    down = [(r.speedup - r.speedup_low) if r.repeats > 1 and r.speedup is not None and r.speedup_low is not None
+            else 0.0 for r in rows]
+    return dict(type="data", symmetric=False, array=[max(0.0, u) for u in up], arrayminus=[max(0.0, d) for d in down],
+                color=PLAIN_COLOUR, thickness=1.5, width=6)
 
 
 def headline(res: WorkloadResults, level: str = "d2") -> str:
@@ -111,10 +124,18 @@ def headline(res: WorkloadResults, level: str = "d2") -> str:
 
 
 def noise_sentence(res: WorkloadResults, level: str) -> str:
-    """How steady this measurement's clock was, from its own target-alone runs (D2/D5; "" when unknown)."""
+    """How steady this measurement's clock was (D2/D5; "" when unknown): repeated, the spread of each workload's own
+    runs (the whiskers); a recording, its target-alone runs across the workloads."""
     spread = res.timing_spread
+    if level == "d1" or spread is None:
+        return ""
+    if res.repeated:
+        runs = max(r.repeats for r in res.rows)
+        return (f"Noise: each workload ran {runs} times, taking turns with the others; one workload's speed-ups "
+                f"differed by up to {spread:.0%} between its own runs (the whiskers), so speed-ups closer than "
+                f"{res.margin:.0%} are called about the same.")
     times = [r.baseline_ms_per_token for r in res.rows if r.baseline_ms_per_token]
-    if level == "d1" or spread is None or not times:
+    if not times:
         return ""
     return (f"Noise: the target alone, the same model each time, ran at {min(times):.0f} to {max(times):.0f} ms per "
             f"token across the workloads (a {spread:.0%} spread), so speed-ups closer than {res.margin:.0%} are "
@@ -129,9 +150,12 @@ def workload_table(res: WorkloadResults, level: str) -> Styler:
     """One row per workload: speed-up, acceptance, tokens per round and both speeds (identity too at D5)."""
     rows = []
     for r in res.rows:
-        row = {"workload": r.title, "group": r.group, "speed-up": r.speedup, "acceptance": r.acceptance,
-               "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
-               "target alone ms / token": r.baseline_ms_per_token}
+        row = {"workload": r.title, "group": r.group, "speed-up": r.speedup}
+        if res.repeated:
+            row["runs' speed-ups"] = (span(r.speedup_low, r.speedup_high, 2, "×")
+                                      if r.speedup_low is not None and r.speedup_high is not None else None)
+        row |= {"acceptance": r.acceptance, "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
+                "target alone ms / token": r.baseline_ms_per_token}
         if level == "d5":
             row["same text as target alone"] = r.identical
         rows.append(row)
