@@ -209,6 +209,23 @@ def _timed_press(page, button: str, done: str, what: str) -> None:
     page.wait_for_timeout(1500)
 
 
+def _open_asked(page, url: str, path: str, question: str) -> None:
+    """A lab page at D5, open on its question (no answer there yet)."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/{path}?level=d5")
+    expect(page.get_by_text(question)).to_be_visible()
+    _no_exception(page)
+
+
+def _predict_and_run(page, predicted: str, button: str, done: str, what: str) -> dict:
+    """Predict `predicted`, press the default run (`button`), wait for its download (`done`): the downloaded record."""
+    page.get_by_text(predicted, exact=True).click()
+    page.wait_for_timeout(1000)
+    _timed_press(page, button, done, what)
+    return _download(page, done)
+
+
 def _nothing_cut_at_390(page) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     page.wait_for_timeout(2000)
@@ -280,16 +297,10 @@ def _level(page, title: str, shows: str) -> str:
 
 
 def test_how_far_tells_each_visitor_its_own_run_after_their_prediction(app):
-    from playwright.sync_api import expect
-
     url, _ = app
     with _chromium_page(900, LAB_MS, width=1280) as page:
-        page.goto(f"{url}/how_far?level=d5")
-        expect(page.get_by_text("Which number of guesses per round (γ) will be fastest here?")).to_be_visible()
-        _no_exception(page)
-        page.get_by_text("4 guesses", exact=True).click()
-        _timed_press(page, r"^Measure", "Download the measurement", "How far's default Measure")
-        sweep = _download(page, "Download the measurement")
+        _open_asked(page, url, "how_far", "Which number of guesses per round (γ) will be fastest here?")
+        sweep = _predict_and_run(page, "4 guesses", r"^Measure", "Download the measurement", "How far's default Measure")
         (ARTIFACTS / "live-how-far.json").write_text(json.dumps(sweep), encoding="utf-8")
         text = page.evaluate(PAGE_TEXT)
         _how_far_claims(text, sweep, "d5", "4 guesses")
@@ -334,15 +345,11 @@ def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(ap
     url, _ = app
     question = "Which kind of text will the helper speed up most?"
     with _chromium_page(900, LAB_MS, width=1280) as page:
-        page.goto(f"{url}/where_it_helps?level=d5")
-        expect(page.get_by_text(question)).to_be_visible()
-        _no_exception(page)
+        _open_asked(page, url, "where_it_helps", question)
         _run_now(page)  # (the big pair opens on its benchmark file)
         expect(page.get_by_role("button", name=re.compile(r"^Run the workloads"))).to_be_visible()
-        page.get_by_text("A story opening", exact=True).click()
-        page.wait_for_timeout(1000)
-        _timed_press(page, r"^Run the workloads", "Download the measurement", "Where it helps' default run")
-        record = _download(page, "Download the measurement")
+        record = _predict_and_run(page, "A story opening", r"^Run the workloads", "Download the measurement",
+                                  "Where it helps' default run")
         (ARTIFACTS / "live-where-it-helps.json").write_text(json.dumps(record), encoding="utf-8")
         _where_claims(page.evaluate(PAGE_TEXT), record, "d5", "A story opening")
         assert page.evaluate(CUT_TEXT) == []
@@ -384,25 +391,16 @@ def _busy_claims(text: str, record: dict, level: str, predicted: str) -> None:
 
 
 def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
-    from playwright.sync_api import expect
-
     url, _ = app
     cheap = "Checking 16 new tokens in one pass takes how long, compared with making 1 token?"
     with _chromium_page(900, LAB_MS, width=1280) as page:
-        page.goto(f"{url}/why_cheap?level=d5")
-        expect(page.get_by_text(cheap)).to_be_visible()
-        _no_exception(page)
-        page.get_by_text("A few times as long (2–8×)", exact=True).click()
-        page.wait_for_timeout(1000)
-        _timed_press(page, r"^Measure pass times", "Download the measurement", "Why checking is cheap's default pass timing")
-        record = _download(page, "Download the measurement")
+        _open_asked(page, url, "why_cheap", cheap)
+        record = _predict_and_run(page, "A few times as long (2–8×)", r"^Measure pass times", "Download the measurement",
+                                  "Why checking is cheap's default pass timing")
         _cheap_claims(page.evaluate(PAGE_TEXT), record, "d5", "A few times as long (2–8×)")
 
-        page.get_by_text("Still about twice as fast", exact=True).click()  # the batch question, then its live run
-        page.wait_for_timeout(1000)
-        _timed_press(page, r"^Measure on this server", r"(^|\s)JSON$",
-                     "Why checking is cheap's default live batch measurement")
-        batches = _download(page, r"(^|\s)JSON$")
+        batches = _predict_and_run(page, "Still about twice as fast", r"^Measure on this server", r"(^|\s)JSON$",
+                                   "Why checking is cheap's default live batch measurement")  # the batch question
         (ARTIFACTS / "live-why-cheap.json").write_text(json.dumps({"pass": record, "batch": batches}), encoding="utf-8")
         text = page.evaluate(PAGE_TEXT)
         _busy_claims(text, batches, "d5", "Still about twice as fast")
@@ -472,13 +470,9 @@ def test_same_answer_tells_each_visitor_its_own_run_after_their_prediction(app):
     url, _ = app
     question = "With the helper, will the big model write the very same words as on its own?"
     with _chromium_page(900, LAB_MS, width=1280) as page:
-        page.goto(f"{url}/same_answer?level=d5")
-        expect(page.get_by_text(question)).to_be_visible()
-        _no_exception(page)
-        page.get_by_text("Yes, word for word", exact=True).click()
-        page.wait_for_timeout(1000)
-        _timed_press(page, r"^Run both and compare", "Download the comparison", "The same answer's default greedy runs")
-        cmp = _download(page, "Download the comparison")
+        _open_asked(page, url, "same_answer", question)
+        cmp = _predict_and_run(page, "Yes, word for word", r"^Run both and compare", "Download the comparison",
+                               "The same answer's default greedy runs")
         _same_greedy_claims(page.evaluate(PAGE_TEXT), cmp, "d5", "Yes, word for word")
         _timed_press(page, r"^Draw the samples", "Download the samples", "The same answer's default sampling test")
         record = _download(page, "Download the samples")
