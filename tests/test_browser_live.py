@@ -262,7 +262,7 @@ def _how_far_claims(text: str, sweep: dict, level: str, predicted: str) -> None:
     from specviz.viz import predict as predict_view
 
     points = [GammaPoint(**{**p, "acceptance_by_position": tuple(p["acceptance_by_position"])}) for p in sweep["points"]]
-    spread = max((ranking.spread((p.speedup_low, p.speedup_high)) or 0.0 for p in points if p.repeats > 1), default=None)
+    spread = ranking.widest_repeats_spread(points)
     margin = ranking.margin(spread)  # the repeats' own spread: the lead a winner needs
     lead = ranking.leaders(points, lambda p: p.speedup, margin)
     best = lead[0]

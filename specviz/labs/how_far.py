@@ -124,8 +124,7 @@ class Sweep:
     @property
     def timing_spread(self) -> float | None:
         """The largest spread of one γ's speed-ups over its repeats (None with one run each)."""
-        return max((ranking.spread((p.speedup_low, p.speedup_high)) or 0.0 for p in self.points if p.repeats > 1),
-                   default=None)
+        return ranking.widest_repeats_spread(self.points)
 
     @property
     def margin(self) -> float:

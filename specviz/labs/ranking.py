@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -18,6 +18,17 @@ def spread(values: Iterable[float | None]) -> float | None:
     if len(vals) < 2:
         return None
     return max(vals) / min(vals) - 1.0
+
+
+def repeats_spread(item: Any) -> float | None:
+    """How far one item's repeated speed-ups differed (`speedup_low`, `speedup_high` over `repeats` runs: a lab's bar
+    or point, its whisker): highest ÷ lowest − 1; None with one run."""
+    return spread((item.speedup_low, item.speedup_high)) if item.repeats > 1 else None
+
+
+def widest_repeats_spread(items: Iterable[Any]) -> float | None:
+    """The largest repeats_spread of the items: a measurement's noise where each item was run several times."""
+    return max((s for s in map(repeats_spread, items) if s is not None), default=None)
 
 
 def margin(spread_: float | None) -> float:

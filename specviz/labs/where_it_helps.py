@@ -58,7 +58,7 @@ class WorkloadRow:
     @property
     def repeat_spread(self) -> float | None:
         """How far this workload's repeated speed-ups differed: highest ÷ lowest − 1 (None with one run)."""
-        return ranking.spread((self.speedup_low, self.speedup_high)) if self.repeats > 1 else None
+        return ranking.repeats_spread(self)
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class WorkloadResults:
         interleaved repeats, the same runs timed again. Otherwise (a recording's medians): how far the target-alone
         runs' ms/token differed across workloads, the same model timed on short prompts."""
         if self.repeated:
-            return max((r.repeat_spread for r in self.rows if r.repeat_spread is not None), default=None)
+            return ranking.widest_repeats_spread(self.rows)
         return ranking.spread(r.baseline_ms_per_token for r in self.rows)
 
     @property

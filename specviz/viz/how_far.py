@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from specviz.labs.how_far import Curves, GammaPoint, Sweep, expected_at
 from specviz.viz import strip
-from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout, span
+from specviz.viz.style import ACC_COLOUR, PLAIN_COLOUR, SPEED_COLOUR, layout, repeat_range, repeat_whiskers, span
 
 if TYPE_CHECKING:
     from pandas.io.formats.style import Styler
@@ -69,20 +69,9 @@ def _points(fig: go.Figure, points: Sequence[GammaPoint], field: str, name: str,
     sizes = [17 if p.gamma == best_gamma else 12 for p in pts]
     fig.add_scatter(x=[p.gamma for p in pts], y=[getattr(p, field) for p in pts], mode="markers", name=name,
                     marker=dict(symbol="x", size=sizes, color=MEASURED_COLOUR, line=dict(width=1)),
-                    error_y=point_whiskers(pts) if field == "speedup" else None,
+                    error_y=repeat_whiskers(pts, MEASURED_COLOUR, 5) if field == "speedup" else None,
                     showlegend=legend, legendgroup=name, row=row, col=1,
                     hovertemplate=f"γ = %{{x}}: %{{y:{fmt}}}<extra>{name}</extra>")
-
-
-def point_whiskers(points: Sequence[GammaPoint]) -> dict | None:
-    """Each measured speed-up's whisker: from the lowest to the highest of its repeats (None: nothing was repeated)."""
-    if not any(p.repeats > 1 and p.speedup_low is not None for p in points):
-        return None
-    up = [max(0.0, p.speedup_high - p.speedup) if p.repeats > 1 and p.speedup_high is not None else 0.0
-          for p in points]
-    down = [max(0.0, p.speedup - p.speedup_low) if p.repeats > 1 and p.speedup_low is not None else 0.0
-            for p in points]
-    return dict(type="data", symmetric=False, array=up, arrayminus=down, color=MEASURED_COLOUR, thickness=1.5, width=5)
 
 
 def noise_words(sweep: Sweep, level: str) -> str:
@@ -190,8 +179,7 @@ def sweep_table(sweep: Sweep, level: str) -> Styler:
     for p in sweep.points:
         row = {
             "γ": p.gamma, "speed-up (measured)": p.speedup,
-            **({"runs' speed-ups": span(p.speedup_low, p.speedup_high, 2, "×") if p.speedup_low is not None
-                and p.speedup_high is not None else None} if p.repeats > 1 else {}),
+            **({"runs' speed-ups": repeat_range(p)} if p.repeats > 1 else {}),
             "expected (Leviathan)": expected_at(sweep, p.gamma),
             "tokens / round": p.tokens_per_round, "acceptance (accepted ÷ drafted)": p.acceptance,
             "α (accepted ÷ checked)": p.alpha, "ms / token": p.ms_per_token,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -49,3 +50,23 @@ def span(lo: float, hi: float, digits: int, unit: str = "") -> str:
     """A measured range at the level's rounding ("1.4 to 1.5", "1.39× to 1.41×"); one figure when both round alike."""
     a, b = f"{lo:.{digits}f}{unit}", f"{hi:.{digits}f}{unit}"
     return a if a == b else f"{a} to {b}"
+
+
+def repeat_whiskers(items: Sequence[Any], colour: str, width: int) -> dict | None:
+    """Plotly error bars from each item's speed-up to the lowest and highest of its repeats (`speedup`,
+    `speedup_low`, `speedup_high`, `repeats`: a lab's bar or point); None where nothing was repeated."""
+    def repeated(i: Any) -> bool:
+        return i.repeats > 1 and i.speedup is not None and i.speedup_low is not None and i.speedup_high is not None
+
+    if not any(repeated(i) for i in items):
+        return None
+    up = [max(0.0, i.speedup_high - i.speedup) if repeated(i) else 0.0 for i in items]
+    down = [max(0.0, i.speedup - i.speedup_low) if repeated(i) else 0.0 for i in items]
+    return dict(type="data", symmetric=False, array=up, arrayminus=down, color=colour, thickness=1.5, width=width)
+
+
+def repeat_range(item: Any) -> str | None:
+    """A table cell: the lowest to the highest speed-up of an item's repeats ("1.10× to 1.31×")."""
+    if item.speedup_low is None or item.speedup_high is None:
+        return None
+    return span(item.speedup_low, item.speedup_high, 2, "×")

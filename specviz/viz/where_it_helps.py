@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.labs import ranking
-from specviz.viz.style import PLAIN_COLOUR, span, wrap_tick
+from specviz.viz.style import PLAIN_COLOUR, repeat_range, repeat_whiskers, span, wrap_tick
 from specviz.labs.where_it_helps import WorkloadResults, WorkloadRow
 from specviz.viz.strip import esc
 
@@ -50,7 +50,7 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
             suffix = "×" if panel == 1 else " %"
             fig.add_bar(x=[wrap_tick(esc(r.title)) for r in mine], y=ys, name=name, legendgroup=group,
                         showlegend=panel == 1, marker=dict(color=colour, pattern_shape=pattern),
-                        error_y=_whiskers(mine) if panel == 1 else None,
+                        error_y=repeat_whiskers(mine, PLAIN_COLOUR, 6) if panel == 1 else None,
                         text=[("–" if y is None else f"{y:{fmt}}{suffix}") for y in ys], textposition="outside",
                         hovertemplate=f"%{{x}}: %{{y:{fmt}}}{suffix}<extra>{name}</extra>", row=panel, col=1)
     fig.update_annotations(font_size=font_size)  # the subplot titles
@@ -65,18 +65,6 @@ def workload_bars(rows: Sequence[WorkloadRow], level: str = "d2", font_size: int
                       margin=dict(l=10, r=10, t=60, b=10), uniformtext_minsize=max(font_size - 3, 8),
                       legend=dict(orientation="h", yanchor="bottom", y=1.06, x=0))
     return fig
-
-
-def _whiskers(rows: Sequence[WorkloadRow]) -> dict | None:
-    """Each bar's whisker: from the lowest to the highest speed-up of its repeats (None: no bar was repeated)."""
-    if not any(r.repeats > 1 and r.speedup is not None and r.speedup_low is not None for r in rows):
-        return None
-    up = [(r.speedup_high - r.speedup) if r.repeats > 1 and r.speedup is not None and r.speedup_high is not None
-          else 0.0 for r in rows]
-    down = [(r.speedup - r.speedup_low) if r.repeats > 1 and r.speedup is not None and r.speedup_low is not None
-            else 0.0 for r in rows]
-    return dict(type="data", symmetric=False, array=[max(0.0, u) for u in up], arrayminus=[max(0.0, d) for d in down],
-                color=PLAIN_COLOUR, thickness=1.5, width=6)
 
 
 def headline(res: WorkloadResults, level: str = "d2") -> str:
@@ -152,8 +140,7 @@ def workload_table(res: WorkloadResults, level: str) -> Styler:
     for r in res.rows:
         row = {"workload": r.title, "group": r.group, "speed-up": r.speedup}
         if res.repeated:
-            row["runs' speed-ups"] = (span(r.speedup_low, r.speedup_high, 2, "×")
-                                      if r.speedup_low is not None and r.speedup_high is not None else None)
+            row["runs' speed-ups"] = repeat_range(r)
         row |= {"acceptance": r.acceptance, "tokens / round": r.tokens_per_round, "ms / token": r.ms_per_token,
                 "target alone ms / token": r.baseline_ms_per_token}
         if level == "d5":
