@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -20,16 +19,15 @@ from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from anywhere: specviz is beside us
 
-from specviz.models.cache import cache_folder  # noqa: E402
-from specviz.models.catalogue import QWEN_05B, QWEN_15B, GgufSource  # noqa: E402
-from specviz.models.locate import _verified_gguf, cache_dir  # noqa: E402
+from specviz.bench.llama import (  # noqa: E402  (the bench finds and runs the same build)
+    BINARIES as TARGETS, FLAGS, SDIST_VERSION, LlamaBuild, LlamaError, bench_records, build_root, cpu_info, gguf_path, pass_ms,
+    sdist_commit,
+)
+from specviz.models.catalogue import QWEN_05B, QWEN_15B  # noqa: E402
 
-SDIST_VERSION = "0.3.36"
 LOCK = Path("/tmp/specviz-heavy.lock")  # machine-wide: a test suite timing itself must not share the cores with us
-TARGETS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 PP_ROWS = (1, 2, 4, 5, 8, 16)  # verify-pass widths: a draft of k tokens makes the target check k+1 rows
 N_GEN = 32
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx")
 # LLAMA_CURL is only a deprecation warning in this llama.cpp; LLAMA_OPENSSL is the switch that would link a
 # TLS library (model downloads), and server/tests/app are not needed, so they stay off to shorten the build.
 CMAKE_OPTIONS = (
@@ -101,21 +99,6 @@ def heavy_lock(what: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def cpu_info() -> dict[str, Any]:
-    """The CPU's model name, the flags that pick ggml's kernels, and a hash of all its flags."""
-    model, flags = "unknown", set[str]()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown":
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    named = {f: f in flags for f in FLAGS if f != "amx"}
-    named["amx"] = any(f.startswith("amx") for f in flags)  # amx_tile / amx_int8 / amx_bf16
-    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
-    return {"model": model, "flags": named, "flags_hash": digest}
-
-
 def find_tools() -> None:
     """Exit 2 with one line when cmake or a C++ compiler is missing."""
     missing = [name for name, alts in (("cmake", ("cmake",)), ("a C++ compiler", ("c++", "g++", "clang++")))
@@ -145,15 +128,6 @@ def fetch_sources(root: Path) -> Path:
         shutil.move(Path(tmp) / stem / "vendor" / "llama.cpp", src)
         shutil.copy(Path(tmp) / stem / "CHANGELOG.md", root / "CHANGELOG.md")
     return src
-
-
-def sdist_commit(root: Path) -> str | None:
-    """The llama.cpp commit the sdist's changelog names for this version (the sdist carries no .git)."""
-    log = root / "CHANGELOG.md"
-    text = log.read_text() if log.is_file() else ""
-    section = text.partition(f"## [{SDIST_VERSION}]")[2].split("\n## [", 1)[0]
-    found = re.search(r"llama\.cpp@([0-9a-f]{7,40})", section)
-    return found.group(1) if found else None
 
 
 def available_targets(src: Path) -> list[str]:
@@ -205,31 +179,6 @@ def build(root: Path, commit: str | None) -> tuple[Path, float | None]:
     return bin_dir, seconds
 
 
-@contextlib.contextmanager
-def gguf_path(src: GgufSource) -> Iterator[Path]:
-    """The gguf cache's model.gguf when it was built (no 1-2 GB join), else the verified joined parts."""
-    cached = cache_folder(src, "gguf") / "model.gguf"
-    if cached.is_file():
-        yield cached
-        return
-    with _verified_gguf(src, lambda _f, msg: note(msg)) as path:
-        yield path
-
-
-def llama_bench(bench: Path, model: Path, threads: int, prompts: str) -> list[dict[str, Any]]:
-    """llama-bench's JSON records for one model (its log goes to stderr, the JSON to stdout)."""
-    cmd = [str(bench), "-m", str(model), "-t", str(threads), "-p", prompts, "-n", str(N_GEN), "-o", "json"]
-    note("running " + " ".join(cmd))
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
-    return json.loads(out)
-
-
-def pass_ms(record: dict[str, Any]) -> tuple[float, float]:
-    """(mean, sd) ms of one pass: a pp record times one pass over n_prompt rows, a tg record n_gen 1-row passes."""
-    passes = max(1, record["n_gen"])  # mean of times, not of tokens/s: an outlier must show, not be averaged away
-    return round(record["avg_ns"] / 1e6 / passes, 2), round(record["stddev_ns"] / 1e6 / passes, 2)
-
-
 def summarise(target: list[dict[str, Any]], draft: list[dict[str, Any]]) -> dict[str, Any]:
     """The table's numbers as [mean ms, sd ms]: target pass by rows, target and draft ms per generated token."""
     pp = {r["n_prompt"]: pass_ms(r) for r in target if r["n_gen"] == 0}
@@ -258,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     """Build, locate, benchmark, report."""
     args = parse_args(argv)
     cpu = cpu_info()
-    root = cache_dir() / "llama.cpp" / f"{SDIST_VERSION}-{cpu['flags_hash']}"
+    root = build_root()
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "build" / "bin" / "llama-bench").is_file():
         find_tools()  # fail before the 75 MB download when the build could not run anyway
@@ -268,10 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         bin_dir, build_s = build(root, commit)
         # the join (2 GB of disk traffic) is inside the lock too: it would slow a suite timing itself
         with heavy_lock("llama-bench runs"), gguf_path(QWEN_15B) as target, gguf_path(QWEN_05B) as draft:
-            raw_target = llama_bench(bin_dir / "llama-bench", target, args.threads, ",".join(map(str, PP_ROWS)))
-            raw_draft = llama_bench(bin_dir / "llama-bench", draft, args.threads, "0")  # tg only: c needs no pp
+            build_ = LlamaBuild(bin_dir, commit)
+            note(f"running llama-bench on {target} and {draft}")
+            raw_target = bench_records(build_, target, args.threads, PP_ROWS, N_GEN)
+            raw_draft = bench_records(build_, draft, args.threads, (0,), N_GEN)  # tg only: c needs no pp
     except subprocess.CalledProcessError as e:
         print(f"llama_cpp.py: command failed ({e.returncode}): {' '.join(map(str, e.cmd))}", file=sys.stderr)
+        return 1
+    except LlamaError as e:
+        print(f"llama_cpp.py: {e}", file=sys.stderr)
         return 1
     summary = summarise(raw_target, raw_draft)
     version = f"llama.cpp@{commit or 'unknown'} (llama-cpp-python {SDIST_VERSION} sdist)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import sys
@@ -22,7 +23,7 @@ from specviz.core.trace import Generation, GenerationConfig
 from specviz.core.sampling import SamplingConfig
 from specviz.models import drafting
 from specviz.models.base import LoadProgress
-from specviz.bench import gpu
+from specviz.bench import gpu, llama, passes
 from specviz.bench.profile import ProfileRow, profile_run
 from specviz.bench.methods import (  # noqa: F401  (the tables: the bench's names, read from here by the report and tests)
     BASELINE, FULL_PAIRS, FULL_TOKENS, LOOKUP_TOKENS, METHODS, METHODS_BY_NAME, MIN_REPEATS, MODES, QUICK_METHODS, QUICK_PAIRS,
@@ -246,15 +247,31 @@ def run_hf(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, seed
     return tuple(out[0, ids.shape[1]:].tolist()), elapsed_ms
 
 
+def run_llama(pair: Any, peer: llama.LlamaPeer, method: Method, prompt: str, max_new_tokens: int) -> dict[str, Any]:
+    """One llama.cpp run: RunRecord's fields. Its text is read back into ids by the pair's tokenizer (llama.cpp prints
+    text, not ids) and cut at max_new_tokens (a speculative run may make its last round's few more)."""
+    run = peer.generate(prompt, max_new_tokens, method.gamma if method.peer_draft else None)
+    ids = tuple(pair.tokenizer(run.text, add_special_tokens=False)["input_ids"])[:max_new_tokens]
+    figures: dict[str, Any] = {"tokens": ids, "ms_per_token": run.ms_per_token}
+    if method.peer_draft:
+        figures.update(acceptance_rate=run.acceptance, gamma=float(method.gamma))
+    return figures
+
+
 def measure(pair: Any, pair_name: str, workload: Workload, method: Method, prompt_ids: Sequence[int],
             mode: str, repeat: int, max_new_tokens: int, temperature: float = SAMPLE_TEMPERATURE,
-            baseline: Generation | None = None) -> tuple[RunRecord, Generation | None]:
+            baseline: Generation | None = None, peer: llama.LlamaPeer | None = None) -> tuple[RunRecord, Generation | None]:
     """One timed, recorded run (seed = repeat index, so every method sees the same seeds) and ours' Generation.
 
-    `baseline` is the same repeat's target-only run: a drafting method's figures are metrics.compare's.
+    `baseline` is the same repeat's target-only run: a drafting method's figures are metrics.compare's. `peer` runs
+    the llama.cpp methods (its own process and timers: no peak RSS of ours).
     """
     reset_peak_rss()
     key = dict(pair=pair_name, workload=workload.name, mode=mode, method=method.name, repeat=repeat)
+    if method.family == "llama":
+        if peer is None:
+            raise BenchError(f"{method.name} needs llama.cpp beside the pair: {llama.why_no_peer(pair_name)}")
+        return RunRecord(**key, **run_llama(pair, peer, method, workload.prompt, max_new_tokens)), None
     if method.family == "hf":
         tokens, ms = run_hf(pair, method, prompt_ids, mode, repeat, max_new_tokens, temperature)
         return RunRecord(**key, tokens=tokens, ms_per_token=ms / max(1, len(tokens)), peak_rss_mb=peak_rss_mb()), None
@@ -279,9 +296,13 @@ def _on_gpu(gen: Generation, pair_name: str, method: Method) -> float | None:
     return gpu.expected_for(gen, costs, method.drafter)
 
 
-def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float) -> None:
+def warm_up(pair: Any, method: Method, prompt_ids: Sequence[int], mode: str, tokens: int, temperature: float,
+            peer: llama.LlamaPeer | None = None, prompt: str = "") -> None:
     """An untimed short run: lazy set-up and first touches of the weights are not billed to a repeat."""
-    if method.family == "hf":
+    if method.family == "llama":
+        if peer is not None:  # llama.cpp's file pages into the page cache once, not inside the first repeat
+            peer.generate(prompt, tokens, method.gamma if method.peer_draft else None)
+    elif method.family == "hf":
         run_hf(pair, method, prompt_ids, mode, 0, tokens, temperature)
     else:
         run_ours(pair, method, prompt_ids, mode, 0, tokens, temperature)
@@ -314,11 +335,35 @@ def _config_snapshot(pair: Any) -> tuple[dict, dict]:
     return tuple(copy.deepcopy(m.generation_config.to_dict()) for m in (pair.target, pair.draft))  # type: ignore[return-value]
 
 
-def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> tuple[list[RunRecord], list[ProfileRow]]:
+def bench_pair(config: BenchConfig, pair: Any,
+               pair_name: str) -> tuple[list[RunRecord], list[ProfileRow], passes.PassCosts]:
     """Every workload and mode of one loaded pair, methods interleaved within each repeat; then, unless the config says
-    not to, one profiled run of each of our methods (bench.profile) after the timed ones."""
+    not to, one profiled run of each of our methods (bench.profile) after the timed ones; last, the target's pass
+    costs (bench.passes). llama.cpp's methods and passes run beside ours, greedy only, where its build is in the
+    cache (benchmarks/llama_cpp.py makes it)."""
+    wants_llama = any(METHODS_BY_NAME[m].family == "llama" for m in config.methods)
+    why_not = llama.why_no_peer(pair_name) if wants_llama else None
+    if why_not:
+        _say(f"{pair_name}: left out llama.cpp's methods: {why_not}")
+    with llama.peer_for(pair_name, torch.get_num_threads()) if wants_llama and not why_not \
+            else contextlib.nullcontext() as peer:
+        records, profiles = _bench_pair(config, pair, pair_name, peer)
+        _say(f"{pair_name}: timing one pass over {', '.join(map(str, passes.PASS_ROWS))} new tokens"
+             + (", ours and llama.cpp's" if peer else ""))
+        return records, profiles, passes.measure(pair, pair_name, peer)
+
+
+def _runs_in(method: Method, mode: str, peer: llama.LlamaPeer | None) -> bool:
+    """llama.cpp's methods: greedy, and only with llama.cpp beside the pair."""
+    return method.family != "llama" or (peer is not None and mode == "greedy")
+
+
+def _bench_pair(config: BenchConfig, pair: Any, pair_name: str,
+                peer: llama.LlamaPeer | None) -> tuple[list[RunRecord], list[ProfileRow]]:
     plan = [(WORKLOADS_BY_NAME[w], mode) for w in config.workloads for mode in config.modes]
-    total = sum(len(methods_for(w, config.methods, pair)) for w, _ in plan) * config.repeats
+    chosen = {(w.name, mode): tuple(m for m in methods_for(w, config.methods, pair) if _runs_in(m, mode, peer))
+              for w, mode in plan}
+    total = sum(len(ms) for ms in chosen.values()) * config.repeats
     for m in config.methods:
         if not _runs_on(METHODS_BY_NAME[m], pair):
             _say(f"{pair_name}: left out {m}: {drafting.why_not(METHODS_BY_NAME[m].drafter, pair)}")
@@ -328,15 +373,16 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> tuple[list[Run
     t_start = time.perf_counter()
     for workload, mode in plan:
         prompt_ids = encode(pair, workload.prompt, config.max_new_tokens)
-        methods = methods_for(workload, config.methods, pair)
+        methods = chosen[(workload.name, mode)]
         _say(f"{pair_name} {workload.name}/{mode}: warming up {', '.join(m.name for m in methods)}")
         for method in methods:
-            warm_up(pair, method, prompt_ids, mode, min(config.warmup_tokens, config.max_new_tokens), config.temperature)
+            warm_up(pair, method, prompt_ids, mode, min(config.warmup_tokens, config.max_new_tokens), config.temperature,
+                    peer, workload.prompt)
         for repeat in range(config.repeats):
             baseline: Generation | None = None  # the target runs first in each repeat (make_config)
             for method in methods:
                 rec, gen = measure(pair, pair_name, workload, method, prompt_ids, mode, repeat,
-                                   config.max_new_tokens, config.temperature, baseline)
+                                   config.max_new_tokens, config.temperature, baseline, peer)
                 if method.name == BASELINE:
                     baseline = gen
                 records.append(rec)
@@ -356,7 +402,8 @@ def bench_pair(config: BenchConfig, pair: Any, pair_name: str) -> tuple[list[Run
     return records, profiles
 
 
-WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow], Sequence[ProfileRow]], dict[str, Path]]
+WriteReports = Callable[[BenchConfig, Any, str, Sequence[BenchRow], Sequence[ProfileRow], passes.PassCosts | None],
+                        dict[str, Path]]
 
 
 def run_bench(config: BenchConfig, write: WriteReports,
@@ -367,9 +414,9 @@ def run_bench(config: BenchConfig, write: WriteReports,
         _say(f"loading {name}")
         pair = models.load_pair(name, draft_precision=config.draft_precision, device=config.device, progress=progress,
                                 target_precision=config.target_precision)
-        records, profiles = bench_pair(config, pair, name)
+        records, profiles, costs = bench_pair(config, pair, name)
         rows = aggregate(records)
-        paths = write(config, pair, name, rows, profiles)
+        paths = write(config, pair, name, rows, profiles, costs)
         _say(f"{name}: wrote {', '.join(str(p) for p in paths.values())}")
         results.append((name, rows, paths))
         del pair

@@ -42,10 +42,11 @@ WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
 @dataclass(frozen=True)
 class Method:
-    """One way of generating: ours (specviz.core.engine) or transformers' generate."""
+    """One way of generating: ours (specviz.core.engine), transformers' generate, or llama.cpp's own tools on the
+    pair's GGUF files (specviz.bench.llama; greedy only, and only where its build is in the cache)."""
 
     name: str
-    family: Literal["ours", "hf"]
+    family: Literal["ours", "hf", "llama"]
     description: str
     drafter: str | None = None  # ours: a name in the drafter registry (core.drafters); None = target only
     gamma: int = DEFAULT_GAMMA  # ours: draft length (the ceiling when adaptive)
@@ -53,6 +54,7 @@ class Method:
     assistant: bool = False  # hf: assistant_model=pair.draft (transformers' default schedule)
     lookup: bool = False  # hf: prompt_lookup_num_tokens=LOOKUP_TOKENS
     copying_only: bool = False  # run on copying workloads only
+    peer_draft: bool = False  # llama: llama-speculative-simple with the pair's draft file (else llama-completion)
 
 
 METHODS: tuple[Method, ...] = (
@@ -81,9 +83,16 @@ METHODS: tuple[Method, ...] = (
            "confidence stop + throughput switch)", "eagle", 16, adaptive=True),
     Method("eagle-tree", "ours", "speculative, the pair's trained EAGLE-style head, token tree (TreeConfig defaults), "
            "one target pass per tree (EAGLE-2)", "eagle-tree"),
+    Method("llama.cpp", "llama", "llama.cpp's plain greedy run (`llama-completion --temp 0`) on the target's GGUF file, "
+           "the same threads as ours"),
+    Method("llama.cpp-spec-g4", "llama", "llama.cpp's speculative decoding (`llama-speculative-simple`, greedy) on the "
+           "pair's GGUF files, drafting up to 4 tokens a round", gamma=4, peer_draft=True),
+    Method("llama.cpp-spec-g16", "llama", "llama.cpp's speculative decoding (`llama-speculative-simple`, greedy) on the "
+           "pair's GGUF files, drafting up to 16 tokens a round", gamma=16, peer_draft=True),
 )
 METHODS_BY_NAME = {m.name: m for m in METHODS}
 BASELINE = "target"
+LLAMA_PLAIN = "llama.cpp"  # llama.cpp's own plain run: its speculative rows' text is compared with it
 MODES: tuple[Mode, ...] = ("greedy", "sample")
 
 FULL_PAIRS = ("qwen-coder", "smollm2-135m")
@@ -91,7 +100,7 @@ QUICK_PAIRS = ("qwen-coder",)
 QUICK_WORKLOADS = ("code", "list", "story")
 # --quick: 3 workloads, greedy, 32 tokens, qwen-coder: about 15 minutes on the 2-core CPU
 QUICK_METHODS = ("target", "spec-g4", "spec-adaptive", "spec-tree", "hf-plain", "hf-assisted", "ngram", "suffix", "hybrid",
-                 "eagle", "eagle-adaptive", "eagle-tree")
+                 "eagle", "eagle-adaptive", "eagle-tree", "llama.cpp", "llama.cpp-spec-g4", "llama.cpp-spec-g16")
 QUICK_TOKENS, FULL_TOKENS = 32, 64
 
 

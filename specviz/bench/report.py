@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from specviz.bench.harness import BASELINE, CSV_COLUMNS, METHODS, SAMPLE_TEMPERATURE, BenchConfig, BenchRow, method_order
+from specviz.bench import passes
 from specviz.bench.profile import ProfileRow, report_lines
 from specviz.bench.timing import cpu_model
 
@@ -71,7 +72,7 @@ def _yes(x: bool | None) -> str:
 
 TABLE_HEADER = ("workload", "mode", "method", "ms/token", "tokens/s", "speed-up", "accepted/drafted", "α (checked)",
                 "tokens/target call", "c", "expected", "expected (measured verify)", "on an H200 (estimate)", "γ",
-                "peak RSS MB", "= target", "= hf-plain")
+                "peak RSS MB", "= target", "= hf-plain", "= llama.cpp")
 
 
 def markdown_table(rows: Sequence[BenchRow]) -> str:
@@ -85,7 +86,7 @@ def markdown_table(rows: Sequence[BenchRow]) -> str:
             _fmt(r.expected_speedup, 2, "×"), _fmt(r.expected_speedup_measured_verify, 2, "×"),
             _fmt(r.gpu_expected, 2, "×"), _fmt(r.gamma, 1),
             _fmt(r.peak_rss_mb, 0),
-            _yes(r.identical_to_baseline), _yes(r.identical_to_hf_plain),
+            _yes(r.identical_to_baseline), _yes(r.identical_to_hf_plain), _yes(r.identical_to_llama_plain),
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -103,8 +104,20 @@ def _hf_assisted_note() -> str:
                else "; no re-tuning of that threshold (it needs scikit-learn, not installed)"))
 
 
+def _llama_note() -> str:
+    from specviz.bench import llama
+
+    build = llama.find_build()
+    return (f"{build.version if build else 'llama.cpp'}, built for this CPU by `benchmarks/llama_cpp.py`, run on the "
+            "pair's own GGUF files with our thread count, greedy only; its own timers (prompt pass, then decoding and "
+            "sampling; model load excluded) give ms/token; its text is read back into ids by the pair's tokenizer "
+            "(it prints text, not ids) and cut at the run's new tokens. accepted/drafted is llama-speculative-"
+            "simple's n_accept / n_drafted. = target: that text equals our target alone's; = llama.cpp: a speculative "
+            "row's text equals llama.cpp's own plain text. c and α are not observable from its output (blank).")
+
+
 def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow], date: str,
-                    profiles: Sequence[ProfileRow] = ()) -> str:
+                    profiles: Sequence[ProfileRow] = (), costs: passes.PassCosts | None = None) -> str:
     """The whole bench-<pair>.md: header (machine, date, command, settings), table, footnotes."""
     device = str(getattr(pair, "device", config.device or "cpu"))
     title = getattr(getattr(pair, "spec", None), "title", pair_name)
@@ -156,8 +169,12 @@ def markdown_report(config: BenchConfig, pair: Any, pair_name: str, rows: Sequen
     ]
     if any(m.assistant for m in used):
         lines.append(f"- `hf-assisted`: {_hf_assisted_note()}.")
+    if any(m.family == "llama" for m in used):
+        lines.append(f"- llama.cpp's rows: {_llama_note()}")
     if profiles:
         lines += ["", *report_lines(profiles)]
+    if costs is not None:
+        lines += ["", *passes.report_lines(costs)]
     return "\n".join(lines) + "\n"
 
 
@@ -197,7 +214,7 @@ def speedup_figure(rows: Sequence[BenchRow], pair_name: str, device: str) -> Any
 
 
 def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence[BenchRow],
-                  profiles: Sequence[ProfileRow] = ()) -> dict[str, Path]:
+                  profiles: Sequence[ProfileRow] = (), costs: passes.PassCosts | None = None) -> dict[str, Path]:
     """bench-<pair>.csv, .md and .html into config.out_dir; returns their paths."""
     out = config.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +222,7 @@ def write_reports(config: BenchConfig, pair: Any, pair_name: str, rows: Sequence
     date = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     paths = {"csv": stem.with_suffix(".csv"), "md": stem.with_suffix(".md"), "html": stem.with_suffix(".html")}
     rows_frame(rows).to_csv(paths["csv"], index=False)
-    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date, profiles), encoding="utf-8")
+    paths["md"].write_text(markdown_report(config, pair, pair_name, rows, date, profiles, costs), encoding="utf-8")
     device = str(getattr(pair, "device", config.device or "cpu"))
     speedup_figure(rows, pair_name, device).write_html(paths["html"], include_plotlyjs="cdn", full_html=True)
     return paths

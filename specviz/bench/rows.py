@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from specviz.core import metrics
-from specviz.bench.methods import BASELINE, METHODS_BY_NAME, WORKLOADS_BY_NAME
+from specviz.bench.methods import BASELINE, LLAMA_PLAIN, METHODS_BY_NAME, WORKLOADS_BY_NAME
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class BenchRow:
     kind: str  # predictable / creative
     mode: str
     method: str
-    family: str  # ours / hf
+    family: str  # ours / hf / llama
     repeats: int
     new_tokens: float  # median new tokens per run
     ms_per_token: float  # median of (prefill + decode) / new tokens
@@ -64,6 +64,8 @@ class BenchRow:
     # their k-th token (a repeat that never drafted that deep counts 0 there); empty without a drafter
     acceptance_by_position: tuple[float, ...] = ()
     gpu_expected: float | None = None  # median over repeats: the run's rounds at the H200's measured costs
+    # greedy, llama.cpp's speculative rows: every repeat's text == llama.cpp's own plain text (read back into ids)
+    identical_to_llama_plain: bool | None = None
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchRow))
@@ -105,15 +107,15 @@ def aggregate(records: Sequence[RunRecord]) -> list[BenchRow]:
         for r in recs:
             by_method.setdefault(r.method, []).append(r)
         base = {r.repeat: r for r in by_method.get(BASELINE, [])}
-        hf_plain = {r.repeat: r for r in by_method.get("hf-plain", [])}
+        plain = {name: {r.repeat: r for r in by_method.get(name, [])} for name in ("hf-plain", LLAMA_PLAIN)}
         base_ms = _median(r.ms_per_token for r in base.values())
         for method in sorted(by_method, key=method_order):
-            rows.append(_row(pair, workload, mode, method, by_method[method], base, hf_plain, base_ms))
+            rows.append(_row(pair, workload, mode, method, by_method[method], base, plain, base_ms))
     return rows
 
 
-def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord],
-         base: dict[int, RunRecord], hf_plain: dict[int, RunRecord], base_ms: float | None) -> BenchRow:
+def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord], base: dict[int, RunRecord],
+         plain: dict[str, dict[int, RunRecord]], base_ms: float | None) -> BenchRow:
     spec = METHODS_BY_NAME.get(method)
     wl = WORKLOADS_BY_NAME.get(workload)
     ms = statistics.median(r.ms_per_token for r in recs)
@@ -122,10 +124,11 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
     expected = metrics.expected_speedup(alpha, gamma, c) if chain and None not in (alpha, gamma, c) and gamma > 0 else None
     greedy = mode == "greedy"
     is_hf = spec.family == "hf" if spec else method.startswith("hf-")
+    is_llama = spec.family == "llama" if spec else method.startswith(LLAMA_PLAIN)
     rss = [r.peak_rss_mb for r in recs if r.peak_rss_mb is not None]
     return BenchRow(
         pair=pair, workload=workload, kind=wl.kind if wl else "", mode=mode, method=method,
-        family=spec.family if spec else ("hf" if is_hf else "ours"),
+        family=spec.family if spec else ("hf" if is_hf else "llama" if is_llama else "ours"),
         repeats=len(recs),
         new_tokens=statistics.median(len(r.tokens) for r in recs),
         ms_per_token=ms,
@@ -142,9 +145,11 @@ def _row(pair: str, workload: str, mode: str, method: str, recs: list[RunRecord]
         gamma=gamma,
         peak_rss_mb=max(rss) if rss else None,
         identical_to_baseline=_all_equal(recs, base) if greedy and method != BASELINE else None,
-        identical_to_hf_plain=_all_equal(recs, hf_plain) if greedy and is_hf and method != "hf-plain" else None,
+        identical_to_hf_plain=_all_equal(recs, plain["hf-plain"]) if greedy and is_hf and method != "hf-plain" else None,
         acceptance_by_position=_median_by_position(recs),
         gpu_expected=_median(r.gpu_expected for r in recs),
+        identical_to_llama_plain=(_all_equal(recs, plain[LLAMA_PLAIN]) if greedy and is_llama and method != LLAMA_PLAIN
+                                  else None),
     )
 
 

@@ -119,3 +119,8 @@ _PAIR_SOURCES: dict[str, tuple[GgufSource, GgufSource]] = {
 def cache_form(precision: str) -> stream.Form:
     """The cache a model in this precision loads from: fp16w and int8 keep their own compact ones, the rest fp32."""
     return precision if precision in ("fp16w", "int8", "gguf") else "fp32"  # type: ignore[return-value]
+
+
+def pair_sources(name: str) -> tuple[GgufSource, GgufSource] | None:
+    """(draft, target) GGUF sources of a named pair made of packaged GGUF files; None for any other pair."""
+    return _PAIR_SOURCES.get(name)
