@@ -131,9 +131,14 @@ def markdown(rows: Sequence[Agreement], header: Sequence[str]) -> str:
         if p is None:
             lines.append(f"| {a.preset} | all {a.same_tokens} | never |  |  |  | {verdict(p)} |")
             continue
-        lines.append(f"| {a.preset} | {a.same_tokens} | token {p.token_index + 1}: {p.ours!r} / {p.theirs!r} | "
+        lines.append(f"| {a.preset} | {a.same_tokens} | token {p.token_index + 1}: {_cell(p.ours)} / {_cell(p.theirs)} | "
                      f"{p.theirs_rank} | {p.gap:.3f} | {p.plain_gap:.3f} | {verdict(p)} |")
     lines += ["", "The texts, ours then llama.cpp's:", ""]
     for a in rows:
         lines += [f"- **{a.preset}**: `{a.ours_text!r}`", f"  - llama.cpp: `{a.llama_text!r}`"]
     return "\n".join(lines) + "\n"
+
+
+def _cell(token: str) -> str:
+    """A token in a Markdown table cell: quoted with escapes, its pipes escaped."""
+    return repr(token).replace("|", "\\|")
