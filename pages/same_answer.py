@@ -7,7 +7,7 @@ from typing import Any
 import streamlit as st
 
 from specviz import host
-from specviz.app import jobs, predict
+from specviz.app import drift_section, jobs, predict
 from specviz.app.pairs import pair_or_message
 from specviz.app.prompt import Prompt, encode, preset_buttons, repaired_prompt
 from specviz.settings import Settings
@@ -375,6 +375,9 @@ def main() -> None:
     st.divider()
     _sampling_section(pair, prompt, s)
     st.divider()
+    if s.level == "d5":
+        drift_section.draw(P, pair, text, s.level)
+        st.divider()
     _lessons(s)
 
 

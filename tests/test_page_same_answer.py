@@ -185,3 +185,23 @@ def test_a_later_visitor_is_told_how_long_the_samples_take_here_from_this_server
     record = json.loads(export.record_json(same_answer.sampling_record(ref, spec, test, spec_key[-1])))
     assert record["speculative"]["n"] == 200 and record["fit_spec"]["pvalue"] == test.fit_spec.pvalue
     assert record["law"]["probs"] == list(ref.law.probs) and record["target"]["seconds"] == ref.target.seconds
+
+
+def test_d5_row_bits_ask_first_then_show_every_kernel_of_this_machine():
+    """Why our text never drifts (D5 only): a prediction, then one row alone and inside 5 and 16 rows per kernel;
+    specviz's kernels keep every bit (whatever torch's do here), and llama.cpp's case says why it is not shown."""
+    assert not any("never drifts" in h.value for h in open_page(level="d2").subheader)
+    at = open_page(level="d5")
+    assert any("never drifts" in h.value for h in at.subheader)
+    assert "Predict:" in texts(at) and "will its results have the very same bits?" in texts(at)
+    assert not [d for d in at.dataframe if "kernel" in d.value.columns]
+    assert "tiny-random is not made of packaged GGUF files" in texts(at)  # llama.cpp's case needs the GGUF pair
+    at.radio(key="same_answer.predict.row_bits").set_value("Same bits in every kernel").run()
+    at.button(key="same_answer.row_bits_go").click()
+    wait_for(at, lambda a: any("kernel" in d.value.columns for d in a.dataframe))
+    frame = next(d.value for d in at.dataframe if "kernel" in d.value.columns)
+    assert list(frame.columns) == ["kernel", "whose", "inside 5 rows", "inside 16 rows"]
+    ours = frame[frame["whose"] == "specviz"]
+    assert len(ours) >= 1 and (ours[["inside 5 rows", "inside 16 rows"]] == "same bits").all().all()
+    assert "torch's fp32 matmul (oneDNN / MKL)" in set(frame["kernel"])
+    assert "Measured:" in html(at), "the prediction is answered by this machine's checks"

@@ -42,6 +42,13 @@ SECOND = Question("second", "The second time you run the same text with a helper
                   "than the first time?", ("About as fast as the first time", "A little faster", "Much faster"))
 SAME = Question("same", "With the helper, will the big model write the very same words as on its own?",
                 ("Yes, word for word", "No, some words change", "Not sure"))
+ROW_BITS = Question("row_bits", "One row computed alone, then the same row computed beside 4 or 15 other rows in one call: "
+                    "will its results have the very same bits?",
+                    ("Same bits in every kernel", "Same in specviz's kernels, not in all of torch's",
+                     "Different bits in every kernel"))
+PRECISION = Question("precision", "The same model with 4-bit and with 16-bit numbers: counted in each one's own one-token "
+                     "steps, which checks 16 new tokens at once more cheaply?",
+                     ("The 4-bit one", "The 16-bit one", "About the same"))
 BUSY = Question("busy", "With 16 pupils sharing the big model, how much faster will the helper make it?",
                 ("Still about twice as fast", "A bit faster", "About the same", "Slower than without the helper"))
 
@@ -218,3 +225,30 @@ def reveal_same(n_same: int, n: int, calls_spec: int, calls_plain: int) -> Revea
                       f"turns with the helper instead of {calls_plain}.")
     return Reveal(SAME.choices[1], f"Measured: {n_same} of {n} words matched. The texts parted at a near-tie, from "
                   "how the computer adds numbers, not from a bad guess (the box below says why).")
+
+
+def reveal_row_bits(equal_by_kernel: Sequence[tuple[str, bool, bool]]) -> Reveal:
+    """The row-bits question, answered by this machine's checks: (kernel, ours, every batch size equal) per kernel."""
+    ours = [equal for _, mine, equal in equal_by_kernel if mine]
+    others = [equal for _, mine, equal in equal_by_kernel if not mine]
+    moved = [name for name, _, equal in equal_by_kernel if not equal]
+    if all(ours) and all(others):
+        return Reveal(ROW_BITS.choices[0], "Measured: every kernel on this machine gave the row the same bits alone "
+                      "and in a batch.")
+    if all(ours):
+        return Reveal(ROW_BITS.choices[1], "Measured: specviz's kernels kept every bit; "
+                      f"{', '.join(moved)} changed the row's bits with the batch.")
+    return Reveal(ROW_BITS.choices[2], f"Measured: {', '.join(moved)} changed the row's bits with the batch. One of "
+                  "them is specviz's own: that is a bug (the check when the pair loads should have refused it).")
+
+
+def reveal_precision(cheaper: str | None, steps_four: float, steps_sixteen: float, rows: int) -> Reveal:
+    """The two-precision question: `cheaper` is "four", "sixteen", or None within a tenth of each other."""
+    measured = (f"Measured here: checking {rows} new tokens cost {steps_four:.2f} of its own steps at 4 bits and "
+                f"{steps_sixteen:.2f} at 16 bits.")
+    if cheaper is None:
+        return Reveal(PRECISION.choices[2], measured)
+    why = (" Sixteen-bit steps are slow because they read three times the bytes, so the extra rows' arithmetic hides "
+           "behind the reading; at four bits the reading is quick and the arithmetic shows." if cheaper == "sixteen"
+           else "")
+    return Reveal(PRECISION.choices[0 if cheaper == "four" else 1], measured + why)

@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from specviz.labs.row_bits import ROW_COUNTS, BatchCase, RowBits
 from specviz.labs.same_answer import GreedyComparison, HistogramRow, SampleCounts
 from specviz.viz.style import ACC_COLOUR, P_COLOUR, PLAIN_COLOUR, chart_label, layout, wrap_tick
-from specviz.viz.strip import VISIBLE, esc
+from specviz.viz.strip import VISIBLE, esc, md_escape
 
 Names = Mapping[str, str]  # "exact", "target", "spec", "other", "x", "y": the level's words
 DEFAULT_NAMES: dict[str, str] = {
@@ -113,3 +114,49 @@ def sampling_times(target: SampleCounts, spec: SampleCounts, level: str, machine
     accepted = f"{spec.accepted} of {spec.drafted} guesses accepted" if spec.drafted else "nothing was drafted"
     return (f"Measured on this machine ({machine}): target alone {target.seconds:.1f} s, "
             f"speculative {spec.seconds:.1f} s for {spec.n} samples each; {accepted}.")
+
+
+def row_bits_verdicts(bits: RowBits) -> list[tuple[str, bool, bool]]:
+    """(kernel, ours, equal at every batch size) per kernel, for the prediction's answer."""
+    return [(k, next(c.ours for c in bits.checks if c.kernel == k), all(c.equal for c in bits.checks if c.kernel == k))
+            for k in bits.kernels()]
+
+
+def row_bits_caption(bits: RowBits) -> str:
+    """What was computed, in one line."""
+    sizes = " and ".join(map(str, ROW_COUNTS))
+    return (f"The target's {bits.matrix} on random input rows: row 3 computed alone, then inside {sizes} rows, "
+            "through each kernel this machine has, on the same weight values (the file's blocks, or the same values "
+            "as fp16 or fp32). torch.equal compares every bit.")
+
+
+def row_bits_frame(bits: RowBits) -> pd.DataFrame:
+    """One line per kernel: same bits (or the largest difference) at each batch size."""
+    def cell(kernel: str, n: int) -> str:
+        c = next(c for c in bits.checks if c.kernel == kernel and c.rows == n)
+        return "same bits" if c.equal else f"differs (up to {c.max_abs_diff:.1e})"
+
+    return pd.DataFrame([{"kernel": k, "whose": "specviz" if ours else "torch",
+                          **{f"inside {n} rows": cell(k, n) for n in ROW_COUNTS}}
+                         for k, ours, _ in row_bits_verdicts(bits)])
+
+
+def batch_case_words(case: BatchCase) -> str:
+    """llama.cpp's two texts and where they part, as Markdown (model text escaped)."""
+    at = case.parted_at
+    if at is None:
+        head = (f"Here both runs wrote the same {case.tokens} tokens ({case.version}): this prompt met no near-tie "
+                "that the two batch shapes tip differently. Try the code preset.")
+    else:
+        head = (f"The two runs part after **{at} characters** ({case.version}), with nothing else changed but how "
+                "many prompt tokens one pass reads. A speculative engine's check is exactly such a wider pass: if it "
+                "changes the bits, the text with a helper can leave the text without one.")
+    cut = at if at is not None else min(len(case.one_batch), len(case.one_by_one))
+    return "\n".join([head, "", f"- one batch: {_parted(case.one_batch, cut)}",
+                      f"- one token at a time: {_parted(case.one_by_one, cut)}"])
+
+
+def _parted(text: str, cut: int) -> str:
+    """The shared part as is, the rest in bold (escaped model text)."""
+    rest = md_escape(printable(text[cut:]))
+    return md_escape(printable(text[:cut])) + (f"**{rest}**" if rest.strip() else "")
