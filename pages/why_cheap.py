@@ -13,7 +13,7 @@ import streamlit as st
 from specviz import host
 from specviz.bench.timing import NOISY_SPREAD
 from specviz.core.limits import REPEATS_RANGE
-from specviz.app import jobs
+from specviz.app import jobs, precision_section
 from specviz.app.pairs import pair_or_message
 from specviz.settings import bounded
 from specviz.app import predict
@@ -264,7 +264,8 @@ def _busy_buttons(s: Settings, recording: BatchReport | None, live_ok: bool) -> 
 
 
 def _busy_source(report: BatchReport, recorded: bool) -> str:
-    when = "Recorded with the same code" if recorded else "Measured just now on this server"
+    when = "Measured just now on this server" if not recorded else \
+        f"Recorded with the same code{' on ' + report.date if report.date else ''}"
     return (f"{when}: pair {report.pair}, {report.machine or 'this machine'}, greedy, γ = {report.gamma}, "
             f"{report.max_new_tokens} new tokens per run, the presets' prompts cycled."
             + (f" Command: `{busy.RECORD_COMMAND}`." if recorded else ""))
@@ -370,6 +371,7 @@ def main() -> None:
         st.warning(f"Ignored `{GPU_FIGURES.name}`: it is not a measurement file.")
         reference = None
     _pass_section(s, reference)
+    precision_section.draw(P, s)
     _kernel_section(s)
     _profile_section(s)
     st.divider()

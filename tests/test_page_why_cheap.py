@@ -225,3 +225,15 @@ def test_the_sentence_beside_a_pass_cost_agrees_with_its_number(steps, words):
     from specviz.viz import why_cheap as view
 
     assert view.cost_words(steps).startswith(words)
+
+
+def test_two_precisions_ask_first_and_a_target_without_blocks_is_told_why():
+    """The two-precision section asks its question before any answer; on the tiny pair (an fp32 target, no GGUF
+    blocks) its press ends in one line saying what it needs, never a traceback."""
+    at = open_page(level="d2")
+    assert any("Two precisions" in h.value for h in at.subheader)
+    assert "which checks 16 new tokens at once more cheaply?" in texts(at)
+    at.radio(key="why_cheap.predict.precision").set_value("The 4-bit one").run()
+    at.button(key="why_cheap.go_precisions").click()
+    wait_for(at, lambda a: "needs the gguf precision" in texts(a) + html(a))
+    assert "Traceback" not in texts(at) and not at.exception
