@@ -11,6 +11,7 @@ cache, not the weights, would dominate: MagicDec, 2024).
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import time
 from collections.abc import Callable, Generator, Mapping
@@ -96,6 +97,7 @@ class BatchReport:
     stopped: str | None = None  # why the largest sizes asked for were not measured (memory, the time limit)
     kv_bytes_per_token: int = 0  # the target's KV cache per token of one run (all layers, keys and values)
     weight_bytes: int = 0  # the target's weights: what every step reads whatever the batch
+    date: str = ""  # the day it was measured (ISO), so that a shipped recording says when
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -249,7 +251,7 @@ def batch_steps(pair: Any, pair_name: str, config: BatchConfig, available: Avail
         yield progress(f"batch {b} measured: speed-up {rows[-1].speedup:.2f}×")
     return BatchReport(pair_name, config.max_new_tokens, config.gamma, config.context, exactness.exact, exactness.reason,
                        tuple(rows), _machine_line(machine_of(device)), stopped, _kv_bytes_per_token(pair.target),
-                       model_bytes(pair.target))
+                       model_bytes(pair.target), datetime.date.today().isoformat())
 
 
 def _kv_bytes_per_token(target: Any) -> int:
