@@ -24,6 +24,10 @@ import pytest
 
 from specviz import host
 from specviz.lessons import speed_words
+from tests.live_claims import (  # noqa: F401  (the claims each lab test reads)
+    _busy_claims, _cheap_claims, _how_far_claims, _metrics, _plain, _precision_claims, _same_greedy_claims,
+    _same_sampling_claims, _where_claims,
+)
 from tests.test_browser import ARTIFACTS, CHROMIUM, PAGE_TEXT, PLAY, _chromium_page, _no_exception, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.real, pytest.mark.slow, pytest.mark.default_pair]
@@ -63,14 +67,6 @@ def _load_the_pair(url: str) -> None:
     with _chromium_page(900, CASE_MS, width=1280) as page:
         page.goto(f"{url}/?level=d1")
         expect(page.get_by_text(re.compile(r"Ready: \d+ prompt tokens"))).to_be_visible()
-
-
-def _metrics(text: str) -> dict[str, tuple[str, str]]:
-    """{label: (value, delta)} of the page's metrics, from PAGE_TEXT's "metric: label = value (delta)" lines."""
-    found = {}
-    for m in re.finditer(r"^metric: (.*?) = (.*?) \((.*)\)$", text, re.M):
-        found[m.group(1)] = (m.group(2), m.group(3))
-    return found
 
 
 def _trace(page) -> dict:
@@ -190,11 +186,6 @@ def _download(page, name: str) -> dict:
     return json.loads(open(got.value.path(), encoding="utf-8").read())
 
 
-def _plain(text: str) -> str:
-    """Markdown as the browser shows it (bold marks gone)."""
-    return text.replace("**", "")
-
-
 def _timed_press(page, button: str, done: str, what: str) -> None:
     """Press the button named by the pattern `button` and wait for the one named by `done` (the run's result): its
     time is printed, never judged (LAB_RUN_S only catches a hung page)."""
@@ -253,38 +244,6 @@ def _second_visitor(page, url: str, path: str, asks: str, answer: str, predicts:
     return other.evaluate(PAGE_TEXT)
 
 
-def _how_far_claims(text: str, sweep: dict, level: str, predicted: str) -> None:
-    """Every figure How far states about its run is the downloaded record's: the winner (or the tie) and its margin,
-    the speed-up, α, c, the target's step, the checking passes' cost in steps, the baseline's ms per token."""
-    from specviz.labs import ranking
-    from specviz.labs.how_far import GammaPoint
-    from specviz.viz import how_far as how_far_view
-    from specviz.viz import predict as predict_view
-
-    points = [GammaPoint(**{**p, "acceptance_by_position": tuple(p["acceptance_by_position"])}) for p in sweep["points"]]
-    spread = ranking.widest_repeats_spread(points)
-    margin = ranking.margin(spread)  # the repeats' own spread: the lead a winner needs
-    lead = ranking.leaders(points, lambda p: p.speedup, margin)
-    best = lead[0]
-    answer = predict_view.reveal_gamma(best.gamma, best.speedup, [(p.gamma, p.speedup) for p in lead[1:]], margin)
-    verdict = "— right!" if predicted in answer.rights else "the answer is"
-    assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
-    if level == "d1":
-        assert _plain(how_far_view.fastest_words(lead)) in text, text
-        assert "γ" not in text.split("What happened")[1].split("One line of guesses")[0], "a symbol at D1"
-        return
-    shown = {"best γ (measured)": " ≈ ".join(str(p.gamma) for p in lead) + f" ({best.speedup:.2f}×)",
-             "α (measured)": f"{sweep['alpha']:.2f}", "c (measured)": f"{sweep['c']:.3f}",
-             "target step": f"{sweep['target_step_ms']:.0f} ms"}
-    for label, value in shown.items():  # PAGE_TEXT's "metric: label = value (delta)" lines (no delta here)
-        assert f"metric: {label} = {value} ()" in text, (label, value, text)
-    assert spread is not None and f"differed by up to {spread:.0%} between its own runs" in text, (spread, text)
-    said = ", ".join(f"γ = {p.gamma}: {p.verify_steps:.1f}" for p in points if p.verify_steps is not None)
-    assert f"one checking pass of the target cost {said} one-token steps" in text, (said, text)
-    assert (f"Target alone: {sweep['baseline_ms_per_token']:.0f} ms per token over {sweep['baseline_tokens']} "
-            "tokens") in text
-
-
 def _level(page, title: str, shows: str) -> str:
     """Switch the sidebar's level (the same session: the same run on screen) and read the page."""
     from playwright.sync_api import expect
@@ -315,26 +274,6 @@ def test_how_far_tells_each_visitor_its_own_run_after_their_prediction(app):
         _how_far_claims(text, sweep, "d5", "8 guesses")
 
 
-def _where_claims(text: str, record: dict, level: str, predicted: str) -> None:
-    """Every figure Where it helps states about its run is the downloaded record's: the winner or the tie, the
-    groups' verdict, the noise it was judged against, and the prediction's verdict."""
-    from specviz.labs.where_it_helps import WorkloadResults, WorkloadRow
-    from specviz.viz import predict as predict_view
-    from specviz.viz import where_it_helps as where_view
-
-    res = WorkloadResults(record["source"], record["pair"], record["method"],
-                          tuple(WorkloadRow(**r) for r in record["rows"]), tuple(record["skipped"]),
-                          record["target_step_ms"])
-    best, *tied = res.leaders()
-    answer = predict_view.reveal_workload(best.title, best.speedup, [(r.title, r.speedup) for r in tied], res.margin)
-    verdict = "— right!" if predicted in answer.rights else "the answer is"
-    assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
-    assert _plain(where_view.headline(res, level)) in text, (where_view.headline(res, level), text)
-    if level != "d1":
-        assert where_view.noise_sentence(res, level) in text
-        assert f"One target step took {res.target_step_ms:.0f} ms (median)" in text
-
-
 def _run_now(page) -> None:
     page.get_by_role("radiogroup", name="Where the numbers come from").get_by_text("Run now on this machine").click()
 
@@ -361,35 +300,6 @@ def test_where_it_helps_tells_each_visitor_its_own_run_after_their_prediction(ap
         _where_claims(text, record, "d5", "Code")
 
 
-def _cheap_claims(text: str, record: dict, level: str, predicted: str) -> None:
-    """Why checking is cheap's pass figures against the downloaded record: the steps per pass, the verdict, the
-    machine and weights line."""
-    from specviz.labs.why_cheap import pass_cost_from_dict
-    from specviz.viz import predict as predict_view
-    from specviz.viz import why_cheap as why_cheap_view
-
-    cost = pass_cost_from_dict(record)
-    answer = predict_view.reveal_cheap(cost.ratios[cost.ks.index(16)], cost.step_ms)
-    verdict = "— right!" if predicted in answer.rights else "the answer is"
-    assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
-    assert _plain(why_cheap_view.pass_words(cost, level)) in text, (why_cheap_view.pass_words(cost, level), text)
-    assert why_cheap_view.machine_line(cost, level) in text
-    assert (level == "d1") == ("KV cache" not in why_cheap_view.machine_line(cost, level))
-
-
-def _busy_claims(text: str, record: dict, level: str, predicted: str) -> None:
-    """The live batch measurement's sentence and verdict against its downloaded report."""
-    from specviz.bench.batch import report_from_dict
-    from specviz.labs import busy
-    from specviz.viz import predict as predict_view
-
-    report = report_from_dict(record)
-    first, last = report.sizes[0], report.sizes[-1]
-    answer = predict_view.reveal_busy(last.batch, last.speedup, first.speedup)
-    assert f"You predicted “{predicted}”" in text and answer.measured in text, (answer, text)
-    assert _plain(busy.busy_words(report, level)) in text, (busy.busy_words(report, level), text)
-
-
 def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
     url, _ = app
     cheap = "Checking 16 new tokens in one pass takes how long, compared with making 1 token?"
@@ -398,10 +308,14 @@ def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
         record = _predict_and_run(page, "A few times as long (2–8×)", r"^Measure pass times", "Download the measurement",
                                   "Why checking is cheap's default pass timing")
         _cheap_claims(page.evaluate(PAGE_TEXT), record, "d5", "A few times as long (2–8×)")
+        curves = _predict_and_run(page, "The 16-bit one", r"^Measure both precisions", "Download both curves",
+                                  "Why checking is cheap's two precisions")
+        _precision_claims(page.evaluate(PAGE_TEXT), curves, "d5", "The 16-bit one")
 
         batches = _predict_and_run(page, "Still about twice as fast", r"^Measure on this server", r"(^|\s)JSON$",
                                    "Why checking is cheap's default live batch measurement")  # the batch question
-        (ARTIFACTS / "live-why-cheap.json").write_text(json.dumps({"pass": record, "batch": batches}), encoding="utf-8")
+        (ARTIFACTS / "live-why-cheap.json").write_text(json.dumps({"pass": record, "batch": batches,
+                                                                   "precisions": curves}), encoding="utf-8")
         text = page.evaluate(PAGE_TEXT)
         _busy_claims(text, batches, "d5", "Still about twice as fast")
         assert page.evaluate(CUT_TEXT) == []
@@ -409,59 +323,11 @@ def test_why_cheap_tells_each_visitor_its_own_run_after_their_prediction(app):
         for title, level in (("D1 · Story", "d1"), ("D2 · Picture", "d2")):
             text = _level(page, title, "Why checking is quick" if level == "d1" else "Why checking is cheap")
             _cheap_claims(text, record, level, "A few times as long (2–8×)")
+            _precision_claims(text, curves, level, "The 16-bit one")
             _busy_claims(text, batches, level, "Still about twice as fast")
         _nothing_cut_at_390(page)
         text = _second_visitor(page, url, "why_cheap", cheap, "One plain decoding step", "About as long (under 2×)")
         _cheap_claims(text, record, "d5", "About as long (under 2×)")
-
-
-def _same_greedy_claims(text: str, cmp: dict, level: str, predicted: str) -> None:
-    """Every figure The same answer states about its greedy runs is the downloaded comparison's: identical or where
-    they part, the words matched, the target's passes each way, the guesses kept, the speed-up."""
-    from specviz.viz import predict as predict_view
-
-    spec, plain = cmp["spec_tokens"], cmp["plain_tokens"]
-    n, same = max(len(spec), len(plain)), sum(a == b for a, b in zip(spec, plain))
-    answer = predict_view.reveal_same(same, n, cmp["target_calls_spec"], cmp["target_calls_plain"])
-    verdict = "— right!" if predicted in answer.rights else "the answer is"
-    assert f"You predicted “{predicted}”" in text and verdict in text and answer.measured in text, (answer, text)
-    if spec == plain:
-        assert (f"Exactly the same: {n} of {n} words" if level == "d1" else f"Identical: {n} of {n} tokens") in text
-    else:
-        assert f"{same} of {n} positions match" in text, text
-    if level == "d1":
-        return
-    metrics = _metrics(text)
-    assert metrics["target passes (speculative / alone)"][0] == f"{cmp['target_calls_spec']} / {cmp['target_calls_plain']}"
-    assert metrics["drafted tokens accepted"][0] == f"{cmp['accepted']} / {cmp['drafted']}"
-    assert metrics["speed-up on this machine"][0] == f"{cmp['plain_ms'] / cmp['spec_ms']:.2f}×", metrics
-
-
-def _p_text(fit: dict) -> str:
-    """A p-value as the page writes it (pages/same_answer.py: readable when it underflows)."""
-    if fit["pvalue"] >= 1e-4:
-        return f"{fit['pvalue']:.3g}"
-    return f"10^{fit['log10_p']:.0f}" if fit["log10_p"] > -1e6 else "≈ 0"
-
-
-def _same_sampling_claims(text: str, record: dict, level: str) -> None:
-    """The sampling test's verdict, p-values, total variations and times are the downloaded record's (the exact rule:
-    it passes at the page's α = 0.01, or the page says the run was flagged)."""
-    fit_t, fit_s, spec, target = record["fit_target"], record["fit_spec"], record["speculative"], record["target"]
-    passed = fit_s["pvalue"] >= 0.01
-    if level == "d1":
-        assert ("Same chances" in text) == passed, text
-    else:
-        assert (f"Passes: p = {_p_text(fit_s)}" if passed else f"The test flags this run (p = {_p_text(fit_s)})") in text
-        metrics = _metrics(text)
-        assert metrics["χ² p-value, target alone (sampled)"][0] == _p_text(fit_t), metrics
-        assert metrics["χ² p-value, speculative (sampled)"][0] == _p_text(fit_s), metrics
-        assert metrics["total variation, speculative"][0] == f"{fit_s['tv']:.3f}", metrics
-    from specviz.labs.same_answer import SampleCounts
-    from specviz.viz import same_answer as same_answer_view
-
-    counts = [SampleCounts(**{**c, "counts": ()}) for c in (target, spec)]  # the times and tallies the line states
-    assert same_answer_view.sampling_times(*counts, level, host.machine_words()) in text, text
 
 
 def test_same_answer_tells_each_visitor_its_own_run_after_their_prediction(app):
