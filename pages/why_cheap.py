@@ -317,7 +317,11 @@ def _busy_section(s: Settings, reference: Reference | None) -> None:
     if s.level == "d5":
         if long is not None:
             st.markdown(busy.long_words(long, report))
-            st.caption(f"Long-context recording: {long.machine}; command: `{busy.LONG_COMMAND}`.")
+            st.caption(f"Long-context recording{' of ' + long.date if long.date else ''}: {long.machine}, a target of "
+                       f"{long.weight_bytes / 1e9:.1f} GB of weights"
+                       + ("" if long.weight_bytes == report.weight_bytes else
+                          f" (the batches above: {report.weight_bytes / 1e9:.1f} GB)")
+                       + f"; command: `{busy.LONG_COMMAND}`.")
         if words := busy.gpu_words(reference):
             st.markdown(words)
 
