@@ -350,7 +350,7 @@ def bench_pair(config: BenchConfig, pair: Any,
         records, profiles = _bench_pair(config, pair, pair_name, peer)
         _say(f"{pair_name}: timing one pass over {', '.join(map(str, passes.PASS_ROWS))} new tokens"
              + (", ours and llama.cpp's" if peer else ""))
-        return records, profiles, passes.measure(pair, pair_name, peer)
+        return records, profiles, passes.measure(pair, peer)
 
 
 def _runs_in(method: Method, mode: str, peer: llama.LlamaPeer | None) -> bool:

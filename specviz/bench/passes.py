@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from specviz.bench import llama
-from specviz.core.progress import drain
-from specviz.labs import why_cheap
+from specviz.bench.methods import WORKLOADS_BY_NAME
+from specviz.bench.timing import prefilled, timed_pass_ms
+from specviz.settings import encode_prompt
 
 PASS_ROWS = (1, 5, 16)  # a step, a γ = 4 check, a 16-token check
 TG_TOKENS = 32  # llama-bench's one-row steps timed for its tg figure
+CONTEXT = ("json", "code", "list")  # the cache the passes extend: these workloads' prompts, one after another
 
 
 @dataclass(frozen=True)
@@ -32,19 +35,33 @@ class PassCosts:
         return tuple(m / ms[self.ks.index(1)] for m in ms)
 
 
-def measure(pair: Any, pair_name: str, peer: llama.LlamaPeer | None, repeats: int = 5) -> PassCosts:
-    """Our passes (why_cheap's measurement, median of `repeats`), then llama-bench's at the same cache depth."""
-    config = why_cheap.PassCostConfig(ks=PASS_ROWS, repeats=repeats)
-    ours = drain(why_cheap.measure_loaded_pass_cost(pair, pair_name, config))
-    costs = PassCosts(PASS_ROWS, ours.context_tokens, tuple(ours.median_ms), ours.weights)
+def our_passes(pair: Any, repeats: int) -> tuple[int, tuple[float, ...]]:
+    """(tokens in the cache, median ms per k): each k once per round, a warm-up round first, on the engine's pass
+    (bench.timing, as every run's passes), the cache cropped back after each."""
+    ids = encode_prompt(pair.tokenizer, "".join(WORKLOADS_BY_NAME[w].prompt for w in CONTEXT))
+    lm = prefilled(pair.target, ids)
+    times: dict[int, list[float]] = {k: [] for k in PASS_ROWS}
+    for r in range(repeats + 1):
+        for k in PASS_ROWS:
+            ms = timed_pass_ms(lm, [ids[i % len(ids)] for i in range(k)])
+            if r:
+                times[k].append(ms)
+    return len(ids), tuple(statistics.median(times[k]) for k in PASS_ROWS)
+
+
+def measure(pair: Any, peer: llama.LlamaPeer | None, repeats: int = 5) -> PassCosts:
+    """Our passes (median of `repeats`), then llama-bench's at the same cache depth."""
+    depth, ours = our_passes(pair, repeats)
+    weights = f"{pair.target_precision} on {pair.target_kernel}" if pair.target_kernel else pair.target_precision
+    costs = PassCosts(PASS_ROWS, depth, ours, weights)
     if peer is None:
         return costs
-    records = llama.bench_records(peer.build, peer.target, peer.threads, PASS_ROWS, TG_TOKENS,
-                                  depth=ours.context_tokens, repetitions=repeats)
+    records = llama.bench_records(peer.build, peer.target, peer.threads, PASS_ROWS, TG_TOKENS, depth=depth,
+                                  repetitions=repeats)
     found = llama.pass_costs(records)
     mean_sd = [found["pass_ms"][k] for k in PASS_ROWS]
     return PassCosts(
-        PASS_ROWS, ours.context_tokens, costs.ours_ms, costs.ours_weights,
+        PASS_ROWS, depth, ours, weights,
         llama_ms=tuple(m for m, _ in mean_sd), llama_sd_ms=tuple(sd for _, sd in mean_sd),
         llama_tg_ms=found["tg_ms"][0] if found["tg_ms"] else None, llama_version=peer.build.version,
     )

@@ -22,8 +22,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="run everything (ours and transformers') on this device (default: cuda when present)")
     p.add_argument("--quick", action="store_true",
-                   help="about 20 minutes on a 2-core CPU: greedy, code/list/story, 32 tokens, "
-                   "target/spec-g4/spec-adaptive/spec-tree/hf-plain/hf-assisted/ngram/suffix/hybrid/eagle/eagle-adaptive/eagle-tree")
+                   help="about 10-20 minutes on a 2-core CPU: greedy, code/list/story, 32 tokens, "
+                   "target/spec-g4/spec-adaptive/spec-tree/hf-plain/hf-assisted/ngram/suffix/hybrid/eagle/eagle-adaptive/eagle-tree/"
+                   "llama.cpp/llama.cpp-spec-g4/llama.cpp-spec-g16 (llama.cpp's where benchmarks/llama_cpp.py built it)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per method, >= 3 (default 3); medians are shown")
     p.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per run (default 64; 32 with --quick)")
     p.add_argument("--workloads", default=None, help="comma-separated: code,json,list,copy,story,poem")
@@ -31,8 +32,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated: greedy,sample (sample: T 0.7; default both, greedy with --quick)")
     p.add_argument("--methods", default=None,
                    help="comma-separated: target,spec-g2,spec-g4,spec-g8,spec-adaptive,spec-tree,hf-plain,"
-                   "hf-assisted,hf-lookup,ngram,suffix,hybrid,eagle,eagle-adaptive,eagle-tree (target always runs: it is "
-                   "the baseline; the eagle methods need a pair that ships a head)")
+                   "hf-assisted,hf-lookup,ngram,suffix,hybrid,eagle,eagle-adaptive,eagle-tree,llama.cpp,llama.cpp-spec-g4,"
+                   "llama.cpp-spec-g16 (target always runs: it is the baseline; the eagle methods need a pair that ships a "
+                   "head; llama.cpp's run greedy, on a pair of packaged GGUF files, where its build is in the cache)")
     p.add_argument("--out", default="benchmarks", help="output folder (default benchmarks/)")
     p.add_argument("--no-profile", dest="profile", action="store_false",
                    help="skip the round profile (one extra run of each of our methods with lap timers on)")
