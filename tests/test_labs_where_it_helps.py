@@ -31,8 +31,9 @@ def test_default_source_follows_the_pair_and_the_file():
 
 def _row(workload: str, method: str, speedup: float, alpha: float | None, mode: str = "greedy") -> bench.BenchRow:
     kind = bench.WORKLOADS_BY_NAME[workload].kind
+    family = bench.METHODS_BY_NAME[method].family
     return bench.BenchRow(
-        pair="smollm2-135m", workload=workload, kind=kind, mode=mode, method=method, family="ours", repeats=3,
+        pair="smollm2-135m", workload=workload, kind=kind, mode=mode, method=method, family=family, repeats=3,
         new_tokens=32, ms_per_token=100.0 / speedup, ms_per_token_min=90.0, ms_per_token_max=110.0,
         tokens_per_s=10.0 * speedup, speedup=speedup, acceptance_rate=alpha, alpha_checked=alpha,
         tokens_per_target_call=None if alpha is None else 1 + 3 * alpha, c=0.1, expected_speedup=None, expected_speedup_measured_verify=None, gamma=4.0,
@@ -45,7 +46,7 @@ def bench_dir(tmp_path):
     rows = []
     for wl, sp, a in (("story", 0.9, 0.4), ("code", 2.0, 0.9), ("list", 2.5, 1.0)):  # out of the presets' order
         rows += [_row(wl, "target", 1.0, None), _row(wl, "spec-g4", sp, a), _row(wl, "spec-g8", sp * 0.9, a),
-                 _row(wl, "spec-g4", sp * 0.8, a * 0.8, mode="sample")]
+                 _row(wl, "spec-g4", sp * 0.8, a * 0.8, mode="sample"), _row(wl, "llama.cpp", 1.2, None)]
     path = tmp_path / "bench-smollm2-135m.csv"
     report.rows_frame(rows).to_csv(path, index=False)
     path.with_suffix(".md").write_text(
@@ -63,7 +64,8 @@ def test_reads_a_bench_file_with_its_provenance(bench_dir):
     assert f.pairs == ("smollm2-135m",) and f.modes("smollm2-135m") == ("greedy", "sample")
     assert f.date == "2026-11-29T10:34:24+00:00" and f.machine.startswith("Linux, AMD EPYC")
     assert f.command == "python -m specviz bench --pair smollm2-135m" and f.settings == "3 repeats"
-    assert f.methods("smollm2-135m", "greedy") == ("spec-g4", "spec-g8")  # the baseline is not a bar
+    # the baseline is not a bar, nor llama.cpp's rows (another engine, not a helper of ours)
+    assert f.methods("smollm2-135m", "greedy") == ("spec-g4", "spec-g8")
     res = where_it_helps.bench_results(f, "smollm2-135m", "spec-g4", "greedy")
     assert [r.workload for r in res.rows] == ["code", "list", "story"]  # the presets' order
     assert [r.speedup for r in res.rows] == pytest.approx([2.0, 2.5, 0.9])

@@ -251,8 +251,10 @@ class BenchFile:
         return tuple(dict.fromkeys(str(r["mode"]) for r in self.records if r.get("pair") == pair))
 
     def methods(self, pair: str, mode: str) -> tuple[str, ...]:
-        """Every non-baseline method of a pair and mode, in the benchmark's order."""
-        names = {str(r["method"]) for r in self.records if r.get("pair") == pair and r.get("mode") == mode}
+        """Every helper method of ours and transformers' of a pair and mode, in the benchmark's order (llama.cpp's rows
+        are another engine, not a helper of this one: the bench file shows them, this page does not)."""
+        names = {str(r["method"]) for r in self.records if r.get("pair") == pair and r.get("mode") == mode
+                 and str(r.get("family", "")) != "llama"}
         names.discard(BASELINE)
         order = list(METHODS_BY_NAME)
         return tuple(sorted(names, key=lambda n: order.index(n) if n in order else len(order)))

@@ -10,7 +10,7 @@ from specviz.viz.style import PLAIN_COLOUR, SPEED_COLOUR, layout
 
 NAMES = {  # (4-bit, 16-bit) in each level's words
     "d1": ("small numbers (4 bits)", "big numbers (16 bits)"),
-    "d2": ("4-bit: the file's own blocks", "16-bit weights"),
+    "d2": ("the file's own 4-bit blocks", "16-bit weights"),
     "d5": ("gguf (the file's 4-bit blocks)", "fp16w (16-bit weights)"),
 }
 SAME_SHARE = 0.1  # two costs in steps within a tenth of each other: "about the same"
@@ -51,6 +51,10 @@ def _crossing_words(curve: PrecisionCurve, name: str) -> str:
     return f"{name} crossed {CROSS:g} steps at about **{at:.1f} new tokens**"
 
 
+def _first_up(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def cheaper_to_check(two: TwoPrecisions, rows: int = 16) -> str | None:
     """"four" or "sixteen": which checked `rows` new tokens for fewer of its own steps; None: within SAME_SHARE."""
     a, b = two.four.steps_at(rows), two.sixteen.steps_at(rows)
@@ -77,7 +81,7 @@ def words(two: TwoPrecisions, level: str) -> str:
         return said + ": checking cost about the same share of a word both ways."
     said = (f"One step took **{s4:.0f} ms** with {four} and **{s16:.0f} ms** with {sixteen} on this machine "
             f"({s16 / s4:.1f}× as long). Counted in its own steps, a pass over {top} new tokens cost **{r4:.2f}** with "
-            f"{four} and **{r16:.2f}** with {sixteen}. {_crossing_words(two.four, four)}; "
+            f"{four} and **{r16:.2f}** with {sixteen}. {_first_up(_crossing_words(two.four, four))}; "
             f"{_crossing_words(two.sixteen, sixteen)}.")
     if level == "d5":
         said += (f" The draft's step took {two.four.draft_step_ms:.0f} ms, so c = {two.four.c:.2f} beside the 4-bit "
