@@ -6,7 +6,7 @@ import torch
 from specviz.core.draft_vocab import DraftVocab
 from specviz.core.sampling import SamplingConfig, draft_q
 from specviz.models import int8w, rowgemm
-from specviz.models.registry import kernel_of
+from specviz.models.weights import kernel_of
 
 KERNEL = rowgemm.kernel()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="rowgemm cannot be built here (no C compiler)")

@@ -29,7 +29,7 @@ from specviz.core.metrics import acceptance_drafted, tokens_per_target_call
 from specviz.core.progress import Progress, drain
 from specviz.core.trace import Generation, GenerationConfig
 from specviz.models import drafting
-from specviz.models.registry import model_bytes
+from specviz.models.weights import model_bytes
 from specviz.presets import PRESETS
 from specviz.serve.batch import run_together
 from specviz.serve.exact import MAX_ROWS, batch_exactness

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import time
@@ -26,6 +25,7 @@ from specviz.models.gguf import _load_gguf_pair
 from specviz.models.gguf import build_ahead as gguf_ahead
 from specviz.models.hub import _load_hf_pair, _parse_hf, _short
 from specviz.models.tiny import _build_tiny_random
+from specviz.models.weights import kernel_of, model_bytes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -421,45 +421,6 @@ def _big_blocks_mapped() -> Iterator[None]:
         yield
     finally:
         libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own ceiling for its adaptive threshold on 64-bit
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Bytes of a model's weights as held now (packed, fp16 and int8 weights counted from their layers' shapes)."""
-    seen: set[int] = set()
-    total = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return (total + packed.packed_bytes(model) + half.half_bytes(model) + _int8_bytes(model) + int8w.int8w_bytes(model)
-            + blocks.block_bytes(model))
-
-
-def kernel_of(model: nn.Module) -> str:
-    """Which matrix kernel a model's linears run on, in a few words (the page and --json say it): the kind most of them
-    use, e.g. "rowgemm avx512, fp16 weights" or "fbgemm, int8 dynamic"."""
-    kinds: collections.Counter[str] = collections.Counter()
-    for m in model.modules():
-        if isinstance(m, half.HalfLinear):
-            kinds[f"rowgemm {m.kernel.isa}, fp16 weights" if m.panels is not None else "fbgemm, fp16 weights"] += 1
-        elif isinstance(m, blocks.BlockLinear):
-            kinds[f"blockgemm {m.kernel.isa}, {blocks.TYPE_NAMES.get(m.qtype, m.qtype)} blocks"] += 1
-        elif isinstance(m, int8w.Int8WLinear):
-            kinds[f"rowgemm {m.kernel.isa}, int8 weights"] += 1
-        elif isinstance(m, packed.PackedLinear):
-            kinds[f"oneDNN, {str(m.dtype).removeprefix('torch.')}"] += 1
-        elif isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
-            kinds["fbgemm, int8 dynamic"] += 1
-        elif type(m) is nn.Linear:
-            kinds[f"torch, {str(m.weight.dtype).removeprefix('torch.')}"] += 1
-    return kinds.most_common(1)[0][0] if kinds else "none"
-
-
-def _int8_bytes(model: nn.Module) -> int:
-    """Bytes of the dynamically quantized linears' int8 weights and fp32 biases, from their shapes: unpacking them to
-    count would copy them (0.26 GB of resident memory for the Qwen 0.5B draft, kept by the heap afterwards)."""
-    return sum(m.in_features * m.out_features + 4 * m.out_features
-               for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear))
 
 
 def _check_logit_widths(target: nn.Module, draft: nn.Module, name: str) -> None:
