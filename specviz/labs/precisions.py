@@ -9,8 +9,10 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from specviz.bench.timing import available_bytes
 from specviz.core import metrics
 from specviz.core.progress import Progress
 from specviz.labs.why_cheap import PassCost, PassCostConfig, measure_pass_costs, weights_words
@@ -40,13 +42,7 @@ class PrecisionCurve:
 
     def steps_at(self, rows: float) -> float:
         """The pass over `rows` new tokens in one-token steps, read off the measured curve (linear between points)."""
-        ks, ratios = self.cost.ks, self.cost.ratios
-        if rows <= ks[0]:
-            return ratios[0]
-        for (k0, r0), (k1, r1) in zip(zip(ks, ratios), zip(ks[1:], ratios[1:])):
-            if rows <= k1:
-                return r0 + (r1 - r0) * (rows - k0) / (k1 - k0)
-        return ratios[-1]
+        return float(np.interp(rows, self.cost.ks, self.cost.ratios))  # flat beyond the measured ends
 
     def crossing(self, level: float = CROSS) -> float | None:
         """The number of new tokens at which a pass first costs `level` steps (linear between measured points); None
@@ -89,26 +85,14 @@ def sixteen_bit_bytes(model: torch.nn.Module) -> int:
     return sum(2 * m.in_features * m.out_features for _, _, m in block_layers(model))
 
 
-def free_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where it is not there)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def check_room(model: torch.nn.Module) -> None:
     """Refuse (PrecisionError) where the target holds no GGUF blocks or the copy would not fit in free memory."""
     need = sixteen_bit_bytes(model)
     if need == 0:
         raise PrecisionError("the target holds no GGUF blocks here (the sidebar names its precision): "
                              "the 4-bit and 16-bit comparison needs the gguf precision")
-    free = free_bytes()
-    if free is not None and free < need + MARGIN_BYTES:
+    free = available_bytes(torch.device("cpu"))
+    if free < need + MARGIN_BYTES:
         raise PrecisionError(f"the 16-bit copy needs {need / 1e9:.1f} GB and this server has {free / 1e9:.1f} GB free")
 
 

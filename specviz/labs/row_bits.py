@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specviz.bench.agreement import first_difference
 from specviz.core.progress import Progress
 
 ROW_COUNTS = (5, 16)  # a γ = 4 check and a 16-token check
@@ -114,7 +115,7 @@ class BatchCase:
     @property
     def parted_at(self) -> int | None:
         """The first character where the two texts differ (None: the same text)."""
-        return next((i for i, (a, b) in enumerate(zip(self.one_batch, self.one_by_one)) if a != b), None)
+        return first_difference(self.one_batch, self.one_by_one)
 
 
 def llama_batch_case(peer: Any, prompt: str, tokens: int) -> Generator[Progress, None, BatchCase]:
